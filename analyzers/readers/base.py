@@ -1,0 +1,60 @@
+"""The contract every reader module keeps.
+
+A reader module (``analyzers/readers/<format>.py``) exposes:
+
+* ``FORMAT: str`` — short name (``nccl_log``, ``flight_recorder``, ``pyspy``, ...).
+* ``sniff(path: Path, head: bytes) -> bool`` — True when the *content* (first bytes given) looks like this format;
+  file names may only break ties, never decide alone.
+* ``read(path: Path) -> ReadResult`` — reads one file. Never prints, warns or exits; never raises on a torn or
+  unknown line (it goes into ``skipped``). Raises ``ReaderError`` only when the file cannot be opened or is not
+  of this format at all.
+
+Each file is read independently (picklable results); merging ranks and hosts is done by ``analyzers.sources``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+
+from analyzers import schema
+
+__all__ = ["Skipped", "ReadResult", "ReaderError", "empty_result"]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """Something a reader could not use, and why (shown to the user as a finding)."""
+
+    file: str
+    line: int | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """What one reader got out of one file, in the common tables."""
+
+    file: str
+    format: str
+    version: str | None = None
+    events: pa.Table = field(default_factory=lambda: schema.empty(schema.EVENTS))
+    stacks: pa.Table = field(default_factory=lambda: schema.empty(schema.STACKS))
+    observations: pa.Table = field(default_factory=lambda: schema.empty(schema.OBSERVATIONS))
+    skipped: tuple[Skipped, ...] = ()
+    world_size: int | None = None  # when the file states the world size (so unobserved ranks can be named)
+
+
+class ReaderError(Exception):
+    """A file that cannot be opened or is not of the reader's format. Message names the file."""
+
+    def __init__(self, file: str | Path, reason: str) -> None:
+        super().__init__(f"{file}: {reason}")
+        self.file = str(file)
+        self.reason = reason
+
+
+def empty_result(path: str | Path, fmt: str) -> ReadResult:
+    """A result with no rows (a readable file that held nothing useful)."""
+    return ReadResult(file=str(path), format=fmt)
