@@ -1,0 +1,97 @@
+"""Command line: ``trace run``, ``trace analyze`` (and ``ranktrace`` as an alias).
+
+Only this module maps outcomes to exit codes and writes to the terminal (style.md point 11). Exit codes
+(DESIGN §5): ``trace analyze`` 0 no hang, 3 hang or crash diagnosed, 4 inconclusive, 2 usage/input error;
+``trace run`` returns the job's own status (128+N for signal N), and says so on one stderr line.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+__all__ = ["main"]
+
+EXIT_USAGE = 2
+
+
+def _err(msg: str) -> None:
+    click.echo(f"[ranktrace] {msg}", err=True)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """ranktrace: which collective, graph capture or init step never returned, on which ranks, and why."""
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("-o", "--output", "output", type=click.Path(path_type=Path), default=None,
+              help="Run directory to create (default traces/<timestamp>-<name>/). Never overwritten.")
+@click.option("--name", default=None, help="Name used in the default run directory.")
+@click.option("--nccl-debug", default=None, help="NCCL_DEBUG level for the ranks (default INFO; yours wins).")
+@click.option("--nccl-coll", is_flag=True, help="Add COLL to NCCL_DEBUG_SUBSYS (one line per collective).")
+@click.option("--analyze/--no-analyze", default=True, show_default=True,
+              help="Analyze the trace when the job ends and write <run>/verdict.json.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll: bool, analyze: bool,
+        command: tuple[str, ...]) -> None:
+    """Run COMMAND with every rank traced: trace run [OPTIONS] -- CMD ARGS..."""
+    from tracer import finalize, launcher, meta
+
+    opts = launcher.RunOptions(command=tuple(command), out=output, name=name, nccl_debug=nccl_debug,
+                               nccl_coll=nccl_coll)
+    try:
+        outcome = launcher.launch(opts)
+    except launcher.LaunchError as e:
+        _err(str(e))
+        sys.exit(EXIT_USAGE)
+    try:
+        fin = finalize.finalize_host_dir(outcome.host_dir)
+        m = meta.read_meta(outcome.host_dir)
+        versions = {**m.get("versions", {}), **fin["versions"]}
+        meta.update_meta(outcome.host_dir, pids=fin["pids"], versions=versions, finalize_problems=fin["problems"])
+    except Exception as e:  # the job's status must come through whatever happens to us
+        _err(f"could not finalize the trace in {outcome.host_dir}: {type(e).__name__}: {e}")
+    if analyze:
+        _analyze_after_run(outcome.run_dir)
+    _err(f"{launcher.describe_exit(outcome.returncode)}; trace in {outcome.run_dir}")
+    sys.exit(outcome.exit_code)
+
+
+def _analyze_after_run(run_dir: Path) -> None:
+    try:
+        from analyzers import facade
+        from analyzers.report import json_report, text_report
+
+        verdict = facade.analyze_paths([run_dir])
+        (run_dir / "verdict.json").write_text(json_report.render(verdict))
+        click.echo(text_report.render(verdict), err=True)
+    except Exception as e:
+        _err(f"analysis failed: {type(e).__name__}: {e}")
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON (DESIGN §5 contract).")
+@click.option("--perfetto", type=click.Path(path_type=Path), default=None,
+              help="Also write a Chrome-trace JSON timeline (open in ui.perfetto.dev).")
+def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None) -> None:
+    """Analyze a trace directory, or any folder/files of logs and dumps, and print one verdict."""
+    from analyzers import facade
+    from analyzers.report import json_report, perfetto_report, text_report
+
+    try:
+        result = facade.analyze_with_timeline(list(paths))
+    except facade.InputError as e:
+        _err(str(e))
+        sys.exit(EXIT_USAGE)
+    verdict = result.verdict
+    if perfetto is not None:
+        perfetto.write_text(perfetto_report.render(result))
+    click.echo(json_report.render(verdict) if as_json else text_report.render(verdict))
+    sys.exit(facade.exit_code(verdict))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""The environment every rank gets: how ranktrace is injected, and observability-only debug settings.
+
+Rules (DESIGN §2): the user's values always win; we set only variables that make the job *tell* more, never ones
+that change how it runs or dies — no TORCH_NCCL_ASYNC_ERROR_HANDLING, *_BLOCKING_WAIT, CUDA_LAUNCH_BLOCKING or
+TORCH_DISTRIBUTED_DEBUG=DETAIL (8x slower collectives here). What we added is returned separately so meta.json
+can say exactly what ranktrace changed.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+__all__ = ["EnvPlan", "plan_environment", "INJECT_DIR", "FORBIDDEN", "curated_subset"]
+
+INJECT_DIR = str(Path(__file__).resolve().parent / "_inject")
+# Never set by ranktrace: each changes the job's behaviour or speed.
+FORBIDDEN = frozenset(
+    {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT", "CUDA_LAUNCH_BLOCKING",
+     "TORCH_DISTRIBUTED_DEBUG", "NCCL_ASYNC_ERROR_HANDLING"}
+)
+NCCL_DEFAULT_SUBSYS = "INIT,BOOTSTRAP,ENV"
+_CURATED_PREFIXES = (
+    "NCCL_", "TORCH_", "PYTORCH_", "CUDA_", "NVIDIA_", "GLOO_", "OMP_", "MASTER_", "SLURM_", "PMI_", "OMPI_",
+    "SGLANG_", "VLLM_", "HF_", "TRANSFORMERS_", "UCX_", "FI_", "RANKTRACE_", "TORCHELASTIC_", "LOCAL_",
+)
+_CURATED_NAMES = frozenset({"RANK", "WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "PYTHONPATH", "LD_LIBRARY_PATH",
+                            "PATH", "HOSTNAME", "CONDA_DEFAULT_ENV", "VIRTUAL_ENV"})
+
+
+@dataclass(frozen=True)
+class EnvPlan:
+    env: dict[str, str]    # the complete environment for the job
+    added: dict[str, str]  # what ranktrace set or changed (for meta.json)
+
+
+def plan_environment(
+    base: Mapping[str, str], host_dir: Path, *, nccl_debug: str | None = None, nccl_coll: bool = False
+) -> EnvPlan:
+    """Environment for the job started under `trace run`, writing into `host_dir`."""
+    added: dict[str, str] = {}
+
+    def put(name: str, value: str) -> None:
+        assert name not in FORBIDDEN, name
+        if name not in base:
+            added[name] = value
+
+    pp = base.get("PYTHONPATH")
+    added["PYTHONPATH"] = INJECT_DIR + (os.pathsep + pp if pp else "")
+    added["RANKTRACE_DIR"] = str(host_dir)
+    user_nccl = "NCCL_DEBUG" in base or "NCCL_DEBUG_FILE" in base
+    put("NCCL_DEBUG", nccl_debug or "INFO")
+    subsys = NCCL_DEFAULT_SUBSYS + (",COLL" if nccl_coll else "")
+    put("NCCL_DEBUG_SUBSYS", subsys)
+    if nccl_debug and "NCCL_DEBUG" in base and base["NCCL_DEBUG"] != nccl_debug:
+        added["NCCL_DEBUG"] = nccl_debug  # an explicit --nccl-debug is the user speaking
+    if not user_nccl:
+        added["NCCL_DEBUG_FILE"] = str(host_dir / "nccl" / "%h.%p.log")
+    # Flight Recorder: keep a buffer and record start times; both only observe. Only the current name: torch 2.13
+    # prints a deprecation warning into every rank's stderr for TORCH_NCCL_TRACE_BUFFER_SIZE.
+    if "TORCH_NCCL_TRACE_BUFFER_SIZE" not in base and "TORCH_FR_BUFFER_SIZE" not in base:
+        put("TORCH_FR_BUFFER_SIZE", "2000")
+    put("TORCH_NCCL_ENABLE_TIMING", "1")
+    put("PYTHONFAULTHANDLER", "1")
+    env = dict(base)
+    env.update(added)
+    return EnvPlan(env=env, added=added)
+
+
+def curated_subset(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables worth keeping in meta.json (not yet redacted)."""
+    return {k: v for k, v in sorted(env.items()) if k in _CURATED_NAMES or k.startswith(_CURATED_PREFIXES)}

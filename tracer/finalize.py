@@ -1,0 +1,58 @@
+"""When the job ends: rings -> events.arrow, and the facts only the rings know (pid -> rank, versions) -> meta.json.
+
+Rings are kept (they are sparse files, and the raw record is the evidence); events.arrow is the analysis-ready
+copy. Finalizing is idempotent and never deletes anything the job or the user wrote.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from analyzers import schema
+from analyzers.readers import ranktrace_ring
+from tracer import ringformat as rf
+
+__all__ = ["finalize_host_dir", "EVENTS_SCHEMA_VERSION", "write_events"]
+
+EVENTS_SCHEMA_VERSION = "ranktrace.events/1"
+
+
+def write_events(path: Path, table: pa.Table) -> None:
+    """Arrow IPC *file* with the schema version in its metadata (self-describing, DESIGN §3)."""
+    table = table.replace_schema_metadata({"schema": EVENTS_SCHEMA_VERSION})
+    tmp = path.with_name(path.name + ".tmp")
+    with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=1 << 16)
+    tmp.replace(path)
+
+
+def finalize_host_dir(host_dir: Path) -> dict[str, Any]:
+    """Write events.arrow from every ring; return {'pids': {pid: {...}}, 'versions': {...}, 'problems': [...]}."""
+    host = host_dir.name
+    tables: list[pa.Table] = []
+    pids: dict[str, Any] = {}
+    versions: dict[str, Any] = {}
+    problems: list[str] = []
+    for ring in sorted((host_dir / "rings").glob("*.ring")):
+        try:
+            rc = rf.read_ring(str(ring))
+        except (rf.RingError, OSError) as e:
+            problems.append(str(e))
+            continue
+        rel = str(ring.relative_to(host_dir))
+        tables.append(ranktrace_ring.ring_to_events(rc, host, rel))
+        ident = ranktrace_ring.identity_of(rc)
+        pids[str(rc.pid)] = {"rank": ident.get("rank"), "world": ident.get("world"),
+                             "local_rank": ident.get("local_rank"), "ppid": ident.get("ppid"),
+                             "argv": ident.get("argv"), "ring": rel,
+                             "ops": 0 if rc.slots is None else int(len(rc.slots))}
+        for m in rc.meta:
+            if m.get("type") == "versions":
+                versions.update({k: v for k, v in m.items() if k != "type" and v is not None})
+        if rc.torn_meta:
+            problems.append(f"{rel}: {rc.torn_meta} torn meta record(s)")
+    write_events(host_dir / "events.arrow", schema.concat(schema.EVENTS, tables))
+    return {"pids": pids, "versions": versions, "problems": problems}

@@ -1,0 +1,134 @@
+"""In-rank start-up: lazy post-import hooks that patch torch only once the job imports it.
+
+Imported by the injected ``sitecustomize`` in every Python process of a traced job (torchrun workers,
+``mp.spawn`` children, subprocesses). Costs about a millisecond: it adds one finder to ``sys.meta_path`` whose
+``find_spec`` is a dict lookup for every other import, and never imports torch itself (+1 s and 200 MiB per
+process). When ``torch.distributed.distributed_c10d`` finishes executing, tracer.hooks patches it in place, before
+``torch.distributed`` re-exports its functions.
+
+The package is loaded under a private name (``_ranktrace_tracer``) by the sitecustomize, so a user module called
+``tracer`` is never shadowed; all imports here are relative.
+"""
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import sys
+from typing import Any, Callable
+
+__all__ = ["install", "PostImportFinder"]
+
+C10D = "torch.distributed.distributed_c10d"
+
+
+class PostImportFinder:
+    """A meta-path finder that runs a callback right after a target module executes.
+
+    A plain class (not importlib.abc) on purpose: importing importlib.abc costs ~18 ms per process.
+    """
+
+    def __init__(self, targets: dict[str, Callable[[Any], None]]) -> None:
+        self.targets = targets
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        callback = self.targets.get(fullname)
+        if callback is None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        loader = spec.loader
+        orig_exec = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            orig_exec(module)
+            self.targets.pop(fullname, None)
+            try:
+                callback(module)
+            except Exception as e:  # never break the user's import
+                _warn_once(f"could not hook {fullname}: {type(e).__name__}: {e}")
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+_warned = False
+
+
+def _warn_once(msg: str) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        sys.stderr.write(f"[ranktrace] {msg}; tracing off in pid {os.getpid()}\n")
+
+
+def _env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def install() -> None:
+    """Set up tracing for this process if RANKTRACE_DIR is set. Never raises."""
+    trace_dir = os.environ.get("RANKTRACE_DIR")
+    if not trace_dir:
+        return
+    from . import hooks, recorder, redact
+
+    rings = os.path.join(trace_dir, "rings")
+    slots = _env_int("RANKTRACE_RING_SLOTS") or recorder.DEFAULT_SLOTS
+
+    def factory() -> recorder.Recorder:
+        pid = os.getpid()
+        title = " ".join(redact.redact_argv(sys.argv))[:127]
+        for attempt in range(100):  # pid reuse across a long job: never overwrite an earlier ring
+            path = os.path.join(rings, f"{pid}.ring" if attempt == 0 else f"{pid}-{attempt}.ring")
+            try:
+                rec = recorder.Recorder(path, slots=slots, proctitle=title)
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise RuntimeError(f"no free ring file name for pid {pid} in {rings}")
+        state.rec_created(rec)
+        return rec
+
+    state = hooks.TraceState(factory, _env_int("RANK"), _env_int("WORLD_SIZE"))
+
+    def rec_created(rec: recorder.Recorder) -> None:
+        state._rec = rec
+        state.identity("env")
+        rec.meta({"type": "versions", **_versions()})
+
+    state.rec_created = rec_created  # type: ignore[attr-defined]
+
+    def on_c10d(module: Any) -> None:
+        how = hooks.install_c10d(state, module)
+        state.rec.meta({"type": "hooks", "c10d": how})
+
+    def after_fork_in_child() -> None:
+        state.reset_after_fork(factory)
+
+    os.register_at_fork(after_in_child=after_fork_in_child)
+    if C10D in sys.modules:
+        on_c10d(sys.modules[C10D])
+    else:
+        sys.meta_path.insert(0, PostImportFinder({C10D: on_c10d}))
+
+
+def _versions() -> dict[str, Any]:
+    """Versions of the job's own python/torch/NCCL/CUDA, read in-rank (the launcher may run another env)."""
+    out: dict[str, Any] = {"python": sys.version.split()[0]}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        out["torch"] = getattr(torch, "__version__", None)
+        ver = getattr(torch, "version", None)
+        out["cuda"] = getattr(ver, "cuda", None)
+        try:
+            if out["cuda"]:
+                nccl = torch.cuda.nccl.version()
+                out["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+        except Exception:
+            pass
+    return out

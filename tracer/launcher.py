@@ -1,0 +1,290 @@
+"""``trace run``: start the user's command with ranktrace injected, pass its signals and exit status through.
+
+What it guarantees (issue #2, DESIGN §1):
+* the command runs in a new process group (not a new session: it keeps the terminal), with PYTHONPATH and
+  observability variables from tracer.envplan;
+* SIGINT / SIGTERM / SIGHUP reaching ``trace`` are forwarded to the job's process group;
+* ``trace`` is a child subreaper and its child gets a parent-death signal, so orphaned ranks are re-parented to us
+  and nothing outlives the run: leftovers are terminated when the command exits;
+* the exit status is the command's own (128+N when signal N ended it), with one stderr line saying so;
+* a missing command, an unwritable or full output directory are refused *before* anything starts (exit 2) and
+  leave no half-made trace directory.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from tracer import envplan, hostinfo, meta
+
+__all__ = ["RunOptions", "LaunchError", "RunOutcome", "prepare_run_dir", "launch", "exit_code_of", "describe_exit"]
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+MIN_FREE_BYTES = 64 << 20
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class LaunchError(Exception):
+    """A usage or environment problem found before the job starts (maps to exit 2)."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    command: tuple[str, ...]
+    out: Path | None = None
+    name: str | None = None
+    nccl_debug: str | None = None
+    nccl_coll: bool = False
+    base_dir: Path = Path("traces")
+
+
+@dataclass
+class RunOutcome:
+    exit_code: int
+    returncode: int            # as subprocess reports it: negative = killed by that signal
+    run_dir: Path
+    host_dir: Path
+    pids: dict[str, object] = field(default_factory=dict)
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def _default_name(command: Sequence[str]) -> str:
+    for arg in command:
+        if arg.endswith(".py"):
+            return Path(arg).stem
+    return Path(command[0]).name or "job"
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "job"
+
+
+def check_command(command: Sequence[str]) -> str:
+    """Resolve the executable; LaunchError naming it when it is missing or not executable."""
+    if not command:
+        raise LaunchError("no command given: use `trace run -- CMD ARGS...`")
+    exe = shutil.which(command[0])
+    if exe is None:
+        p = Path(command[0])
+        why = "not executable" if p.exists() else "not found"
+        raise LaunchError(f"cannot run {command[0]!r}: {why}")
+    return exe
+
+
+def prepare_run_dir(opts: RunOptions) -> tuple[Path, Path]:
+    """Create ``<run>/<host>/`` (never reusing a non-empty run dir). Raises LaunchError before anything exists."""
+    if opts.out is not None:
+        run_dir = opts.out
+        if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+            raise LaunchError(f"output directory {run_dir} exists and is not empty; ranktrace never overwrites a trace")
+    else:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        base = opts.base_dir / f"{stamp}-{_safe(opts.name or _default_name(opts.command))}"
+        run_dir, n = base, 1
+        while run_dir.exists():
+            n += 1
+            run_dir = base.with_name(f"{base.name}-{n}")
+    parent = run_dir.parent
+    probe_from = parent
+    while not probe_from.exists():
+        probe_from = probe_from.parent
+    if not os.access(probe_from, os.W_OK | os.X_OK):
+        raise LaunchError(f"output directory {run_dir}: {probe_from} is not writable")
+    free = shutil.disk_usage(probe_from).free
+    if free < MIN_FREE_BYTES:
+        raise LaunchError(f"output directory {run_dir}: only {free >> 20} MiB free on {probe_from}, need 64 MiB")
+    created = not run_dir.exists()
+    try:
+        host_dir = run_dir / hostinfo.host_key()
+        for sub in ("rings", "nccl"):
+            (host_dir / sub).mkdir(parents=True, exist_ok=True)
+        probe = host_dir / ".write-probe"
+        probe.write_bytes(b"x" * 4096)
+        probe.unlink()
+    except OSError as e:
+        if created:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise LaunchError(f"output directory {run_dir}: {e.strerror or e}") from e
+    return run_dir, host_dir
+
+
+def exit_code_of(returncode: int) -> int:
+    """Shell convention: a command killed by signal N exits 128+N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            sig = signal.Signals(-returncode).name
+        except ValueError:
+            sig = f"signal {-returncode}"
+        return f"job ended by {sig}; exit code {128 - returncode} (128+{-returncode}) is the job's"
+    return f"job exited with status {returncode}; exit code {returncode} is the job's"
+
+
+def _children_of(pid: int) -> list[int]:
+    """Processes whose parent is `pid` (re-parented orphans included: we are their subreaper)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+            ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        except (OSError, ValueError):
+            continue
+        if ppid == pid:
+            out.append(int(entry))
+    return out
+
+
+def launch(
+    opts: RunOptions,
+    *,
+    on_start: Callable[[subprocess.Popen, Path], None] | None = None,
+    on_tick: Callable[[], None] | None = None,
+    tick_s: float = 0.1,
+    log: Callable[[str], None] = lambda s: sys.stderr.write(f"[ranktrace] {s}\n"),
+) -> RunOutcome:
+    """Run the command to completion under tracing. LaunchError for problems found before it starts."""
+    check_command(opts.command)
+    run_dir, host_dir = prepare_run_dir(opts)
+    plan = envplan.plan_environment(os.environ, host_dir, nccl_debug=opts.nccl_debug, nccl_coll=opts.nccl_coll)
+    m = meta.initial_meta(opts.command, os.environ, plan.added, host_dir.name, run_dir.name)
+    meta.write_meta(host_dir, m)
+
+    libc = _libc()
+    if libc is not None:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+    def in_child() -> None:  # between fork and exec: own process group, die with us
+        os.setpgid(0, 0)
+        if libc is not None:
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+    try:
+        proc = subprocess.Popen(list(opts.command), env=plan.env, preexec_fn=in_child)
+    except OSError as e:
+        raise LaunchError(f"cannot run {opts.command[0]!r}: {e.strerror or e}") from e
+    pgid = proc.pid
+    received: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        received.append(signum)
+        try:
+            os.killpg(pgid, signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {s: signal.signal(s, forward) for s in FORWARDED}
+    gpu_box: dict[str, hostinfo.GpuInfo] = {}
+    gpu_thread = threading.Thread(target=lambda: gpu_box.setdefault("info", hostinfo.probe_gpus()), daemon=True)
+    gpu_thread.start()
+    if on_start is not None:
+        on_start(proc, host_dir)
+    try:
+        returncode = _wait(proc.pid, on_tick, tick_s)
+        proc.returncode = returncode
+        _reap_leftovers(pgid)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    gpu_thread.join(timeout=5)
+    gpu = gpu_box.get("info")
+    if gpu is None:
+        log("NVML did not answer within 5 s (wedged driver?): no GPU details in meta.json")
+    elif gpu.unavailable:
+        log(gpu.unavailable)
+    meta.update_meta(
+        host_dir,
+        end_wall_ns=time.time_ns(),
+        exit={"returncode": returncode, "exit_code": exit_code_of(returncode),
+              "signal": -returncode if returncode < 0 else None, "signals_forwarded": received},
+        gpus=gpu.gpus if gpu else [],
+        driver={"version": gpu.driver, "cuda": gpu.cuda_driver} if gpu else None,
+    )
+    return RunOutcome(exit_code_of(returncode), returncode, run_dir, host_dir)
+
+
+def _wait(pid: int, on_tick: Callable[[], None] | None, tick_s: float) -> int:
+    """Reap every child (we are a subreaper) until `pid` exits; call on_tick between polls."""
+    while True:
+        try:
+            got, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            raise RuntimeError("job process vanished without an exit status") from None
+        if got == pid:
+            return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        if got == 0:
+            if on_tick is not None:
+                on_tick()
+            time.sleep(tick_s)
+
+
+def _reap_leftovers(pgid: int, grace_s: float = 5.0) -> None:
+    """Terminate what the job left behind (its process group, re-parented orphans), then reap them."""
+    me = os.getpid()
+
+    def alive() -> list[int]:
+        return _children_of(me)
+
+    def signal_all(sig: int) -> None:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for child in alive():
+            try:
+                os.kill(child, sig)
+            except ProcessLookupError:
+                pass
+
+    def reap() -> None:
+        while True:
+            try:
+                got, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if got == 0:
+                return
+
+    reap()
+    if not alive() and not _group_alive(pgid):
+        return
+    signal_all(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        reap()
+        if not alive() and not _group_alive(pgid):
+            return
+        time.sleep(0.05)
+    signal_all(signal.SIGKILL)
+    time.sleep(0.1)
+    reap()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False

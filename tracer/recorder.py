@@ -1,0 +1,158 @@
+"""Per-process crash-safe recorder: writes op records into a memory-mapped ring file (layout: tracer.ringformat).
+
+Why this shape: the tracer runs on every collective of a production job, so the per-op path is one
+``itertools.count`` step (atomic under the GIL, so several threads never share a slot) and one ``struct.pack_into``
+into a ``MAP_SHARED`` mapping — no lock, no syscall, nothing to flush, and what was written survives SIGKILL.
+Rare, precious records (identity, groups, strings, init/phase/graph events) go to the non-wrapping meta region under
+a lock so that a serving loop's idle broadcasts can never evict them.
+
+The recorder is created explicitly (tracer.inject) and re-created in a forked child (``os.register_at_fork``),
+so parent and child never write into the same file. The clock is a constructor argument so tests can fake it.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import mmap
+import os
+import socket
+import struct
+import threading
+import time
+from typing import Any, Callable
+
+from . import ringformat as rf
+
+__all__ = ["Recorder", "DEFAULT_SLOTS", "DEFAULT_META_BYTES"]
+
+DEFAULT_SLOTS = 65536          # 8 MiB of op records per process
+DEFAULT_META_BYTES = 1 << 20   # 1 MiB of identity/groups/strings/phases
+_KIND = {k: i for i, k in enumerate(rf.KINDS)}
+_CAT = {c: i for i, c in enumerate(rf.CATEGORIES)}
+_COMMIT = struct.Struct("<Q")
+
+
+class Recorder:
+    """Owns one ring file. Not thread-hostile: op records may be written from any thread."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        slots: int = DEFAULT_SLOTS,
+        meta_bytes: int = DEFAULT_META_BYTES,
+        clock: Callable[[], int] = time.monotonic_ns,
+        wall_clock: Callable[[], int] = time.time_ns,
+        proctitle: str = "",
+    ) -> None:
+        self.path = path
+        self.clock = clock
+        self.slots = slots
+        self.meta_bytes = meta_bytes
+        self._ops_offset = rf.META_OFFSET + meta_bytes
+        size = self._ops_offset + slots * rf.SLOT_SIZE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.ftruncate(fd, size)
+            self._buf = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        rf.HEADER.pack_into(
+            self._buf, 0, rf.MAGIC, rf.VERSION, os.getpid(), clock(), wall_clock(), meta_bytes, rf.SLOT_SIZE,
+            slots, 0, socket.gethostname().encode()[:63], proctitle.encode("utf-8", "replace")[:127],
+        )
+        self._next = itertools.count()
+        self._meta_off = rf.META_OFFSET
+        self._meta_lock = threading.Lock()
+        self._strings: dict[str, int] = {"": 0}
+        self._next_string = itertools.count(1)
+        self._span = itertools.count(1)
+
+    # --- non-wrapping region -------------------------------------------------------------------------
+    def meta(self, record: dict[str, Any]) -> bool:
+        """Append a JSON record to the non-wrapping region. Returns False when the region is full."""
+        body = json.dumps(record, separators=(",", ":"), default=str).encode()
+        with self._meta_lock:
+            off = self._meta_off
+            end = off + rf.META_REC.size + len(body)
+            if end + rf.META_REC.size > rf.META_OFFSET + self.meta_bytes:
+                self._mark_meta_full()
+                return False
+            self._meta_off = end
+            rf.META_REC.pack_into(self._buf, off, len(body), 0)
+            self._buf[off + rf.META_REC.size:end] = body
+            rf.META_REC.pack_into(self._buf, off, len(body), rf.META_COMMIT)
+        return True
+
+    def _mark_meta_full(self) -> None:
+        flags_off = rf.HEADER.size - 64 - 128 - 4
+        struct.pack_into("<I", self._buf, flags_off, rf.FLAG_META_FULL)
+
+    def intern(self, s: str | None) -> int:
+        """Id of `s` in the string table (0 for None/empty). Strings are recorded once per process."""
+        if not s:
+            return 0
+        sid = self._strings.get(s)
+        if sid is not None:
+            return sid
+        with self._meta_lock:
+            sid = self._strings.get(s)
+            if sid is not None:
+                return sid
+            sid = next(self._next_string)
+        if not self.meta({"type": "str", "id": sid, "v": s}):
+            return self.intern("?") if s != "?" else 0
+        self._strings[s] = sid
+        return sid
+
+    def new_span(self) -> int:
+        return next(self._span)
+
+    # --- wrapping region -----------------------------------------------------------------------------
+    def op(
+        self,
+        kind: str,
+        category: str,
+        name_id: int,
+        *,
+        tid: int,
+        group_id: int = 0,
+        callsite_id: int = 0,
+        dtype_id: int = 0,
+        shape_id: int = 0,
+        error_id: int = 0,
+        peer: int | None = None,
+        graph_id: int | None = None,
+        seq: int | None = None,
+        backend_seq: int | None = None,
+        nbytes: int | None = None,
+        span_id: int = 0,
+        parent_span_id: int = 0,
+        capturing: bool = False,
+        async_op: bool = False,
+        t_ns: int | None = None,
+    ) -> None:
+        """Write one op record. Strings are passed as ids from :meth:`intern` (interned once, outside the hot path)."""
+        idx = next(self._next)
+        off = self._ops_offset + (idx % self.slots) * rf.SLOT_SIZE
+        buf = self._buf
+        _COMMIT.pack_into(buf, off, 0)
+        rf.SLOT.pack_into(
+            buf, off, 0, self.clock() if t_ns is None else t_ns, tid, _KIND[kind], _CAT[category],
+            (rf.FLAG_CAPTURING if capturing else 0) | (rf.FLAG_ASYNC if async_op else 0), 0,
+            name_id, group_id, callsite_id, dtype_id, shape_id, error_id,
+            rf.NONE_I32 if peer is None else peer,
+            rf.NONE_I32 if graph_id is None else graph_id,
+            rf.NONE_I64 if seq is None else seq,
+            rf.NONE_I64 if backend_seq is None else backend_seq,
+            rf.NONE_I64 if nbytes is None else nbytes,
+            span_id, parent_span_id,
+        )
+        _COMMIT.pack_into(buf, off, idx + 1)
+
+    def close(self) -> None:
+        try:
+            self._buf.flush()
+            self._buf.close()
+        except (ValueError, OSError):
+            pass
