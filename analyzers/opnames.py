@@ -23,11 +23,11 @@ P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "sen
 _ALIASES = {
     "allreduce": "all_reduce",
     "allgather": "all_gather",
-    "_allgather_base": "all_gather_into_tensor",
-    "allgather_into_tensor_coalesced": "all_gather_into_tensor",
+    "allgatherbase": "all_gather_into_tensor",
+    "allgatherintotensorcoalesced": "all_gather_into_tensor",
     "reducescatter": "reduce_scatter",
-    "_reduce_scatter_base": "reduce_scatter_tensor",
-    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
+    "reducescatterbase": "reduce_scatter_tensor",
+    "reducescattertensorcoalesced": "reduce_scatter_tensor",
     "alltoall": "all_to_all",
     "alltoall_base": "all_to_all_single",
     "alltoallv": "all_to_all_single",
@@ -45,6 +45,8 @@ def canonical_op(raw: str) -> str:
     ('all_reduce', 'all_reduce', 'all_reduce')
     >>> canonical_op("nccl:send 0->1"), canonical_op("ReduceScatter"), canonical_op("gloo:broadcast")
     ('send', 'reduce_scatter', 'broadcast')
+    >>> canonical_op("nccl:_all_gather_base"), canonical_op("nccl:_reduce_scatter_base")
+    ('all_gather_into_tensor', 'reduce_scatter_tensor')
     """
     s = raw.strip()
     if ":" in s:  # backend prefix: nccl:, gloo:, xccl:, record_param_comms-style names

@@ -86,6 +86,9 @@ def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None) -> No
     except facade.InputError as e:
         _err(str(e))
         sys.exit(EXIT_USAGE)
+    except Exception as e:  # a bug of ours: one line, never a traceback; the verdict is "inconclusive"
+        _err(f"analysis failed (a ranktrace bug, please report): {type(e).__name__}: {e}")
+        sys.exit(4)
     verdict = result.verdict
     if perfetto is not None:
         perfetto.write_text(perfetto_report.render(result))

@@ -1,0 +1,165 @@
+"""Diagnose: rules -> findings -> one verdict (DESIGN §5). The ordered rule list below *is* the priority.
+
+Each rule answers one question and returns candidates (a proposed verdict plus findings with evidence). The first
+primary candidate becomes the verdict; every rule's findings are kept. Status (hang / crashed / completed / idle /
+inconclusive) is decided separately from kind, from what the job itself did (DESIGN §5: a hang aborted by a
+watchdog is ``crashed`` + ``missing_ranks``).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Callable
+
+from analyzers import stacks as stacks_mod
+from analyzers.diagnose.blocked_rule import blocked_outside
+from analyzers.diagnose.candidate import Candidate, ranks_text
+from analyzers.diagnose.context import Context, build_context
+from analyzers.diagnose.graph_rule import graph_capture
+from analyzers.diagnose.init_rule import init_hang
+from analyzers.diagnose.waiting_rule import mismatch, stuck, waiting
+from analyzers.sources import Inputs
+from analyzers.verdict import Evidence, Finding, RankState, Verdict
+
+__all__ = ["RULES", "diagnose", "build_context"]
+
+Rule = Callable[[Context], list[Candidate]]
+RULES: list[Rule] = [init_hang, graph_capture, mismatch, waiting, stuck, blocked_outside]
+
+
+def diagnose(inputs: Inputs, ctx: Context | None = None) -> Verdict:
+    ctx = ctx or build_context(inputs)
+    candidates: list[Candidate] = []
+    for rule in RULES:
+        candidates.extend(rule(ctx))
+    primary = next((c for c in candidates if c.primary), None)
+    if primary is not None and primary.kind == "blocked_outside_collective" and _serving(ctx):
+        primary = None  # after "serving", a rank waiting for requests is idle, not hung
+    findings: list[Finding] = [f for c in candidates for f in c.findings]
+    findings.extend(_input_findings(inputs))
+    status = _status(ctx, primary)
+    world = ctx.world
+    unobserved = tuple(sorted(set(range(world)) - ctx.observed_ranks)) if world else ()
+    if primary is None:
+        kind, summary, steps = _no_primary(ctx, status)
+        verdict_args = dict(kind=kind, summary=summary, next_steps=tuple(steps))
+    else:
+        verdict_args = dict(kind=primary.kind, summary=_sentence(primary.summary), operation=primary.operation,
+                            culprit_ranks=primary.culprits, waiting_ranks=primary.waiting,
+                            wait_for=primary.wait_for, next_steps=tuple(primary.next_steps))
+    if unobserved:
+        findings.append(Finding("unobserved_ranks", f"no evidence at all from {ranks_text(unobserved)} "
+                                f"(world size {world})", unobserved, 1.0,
+                                (Evidence("meta", None, None, f"world size {world}"),)))
+    rank_space = "global"
+    rs_obs = ctx.observations("rank_space")
+    if rs_obs and not ctx.inputs.has_ranktrace and all((o["detail"] or "").startswith("comm:") for o in rs_obs) \
+            and len({o["detail"] for o in rs_obs}) == 1 and not ctx.world:
+        rank_space = rs_obs[0]["detail"]
+    return Verdict(
+        status=status, unobserved_ranks=unobserved, rank_space=rank_space, findings=tuple(findings),
+        ranks=_rank_table(ctx), world_size=world, stack_tree=_stack_tree(ctx),
+        inputs=tuple(sorted({str(h.host_dir) for h in inputs.hosts} | set(inputs.formats))),
+        **verdict_args,  # type: ignore[arg-type]
+    )
+
+
+def _sentence(s: str) -> str:
+    s = s.strip()
+    return (s[0].upper() + s[1:] + ("" if s.endswith(".") else ".")) if s else s
+
+
+def _serving(ctx: Context) -> bool:
+    return any(p == "serving" for p in ctx.phases.values())
+
+
+def _status(ctx: Context, primary: Candidate | None) -> str:
+    job = ctx.job
+    if job.traced and job.ended:
+        if job.exit_code == 0 and primary is None:
+            return "completed"
+        return "crashed" if (job.exit_code or job.signal) else ("hang" if primary else "completed")
+    if not job.traced and (ctx.observations("watchdog_pg_status") or _watchdog_timeouts(ctx)):
+        return "crashed"
+    if primary is not None:
+        return "hang"
+    if _serving(ctx):
+        return "idle"
+    return "inconclusive"
+
+
+def _watchdog_timeouts(ctx: Context) -> bool:
+    ev = ctx.events
+    if ev.num_rows == 0:
+        return False
+    import pyarrow.compute as pc
+
+    return bool(pc.any(pc.equal(ev["source"], "watchdog")).as_py())
+
+
+def _no_primary(ctx: Context, status: str) -> tuple[str, str, list[str]]:
+    job = ctx.job
+    if status == "completed":
+        return "no_hang", "The job completed: every collective that was issued completed.", []
+    if status == "idle":
+        return "no_hang", "The job is serving and idle: ranks wait for requests, nothing is pending.", []
+    if status == "crashed":
+        code = f"signal {job.signal}" if job.signal else f"status {job.exit_code}"
+        return ("unknown", f"The job ended with {code}; no collective was left pending, so this is a crash, not a "
+                f"hang.", ["Read the job's stderr for the first exception or signal."])
+    if job.traced and not job.live_pids and not job.ended:
+        return ("unknown", "The run has no exit status and none of its processes is alive here: the trace is "
+                "incomplete (trace run killed, or analyzed on another host).", [])
+    return ("unknown", "Nothing pending and no stacks that show a blocked rank: not enough evidence for a verdict.",
+            ["Capture stacks while it is hung (`trace attach PID`, or py-spy dump) and analyze again."])
+
+
+def _rank_table(ctx: Context) -> dict[int, RankState]:
+    ranks = set(ctx.observed_ranks) | (set(range(ctx.world)) if ctx.world else set())
+    opens = ctx.open_by_rank()
+    last_ops: dict[int, str] = {}
+    if ctx.ops.num_rows:
+        issued = ctx.ops.filter(ctx.ops["issued"]).sort_by([("t_enter", "ascending"), ("seq", "ascending")])
+        for r, n, g, s in zip(issued["rank"].to_pylist(), issued["name"].to_pylist(), issued["group"].to_pylist(),
+                              issued["seq"].to_pylist()):
+            last_ops[r] = f"{n} group={g} seq={s}"
+    out: dict[int, RankState] = {}
+    for r in sorted(ranks):
+        o = opens.get(r)
+        state = ctx.host_states.get(r)
+        if state is None:
+            if o is not None and o.category in ("collective", "p2p"):
+                state = "in_collective"
+            elif ctx.job.traced and ctx.job.ended:
+                state = "exited"
+            elif ctx.job.traced and ctx.rank_pids.get(r) and not any(p in ctx.job.live_pids
+                                                                      for p in ctx.rank_pids[r]):
+                state = "exited"
+            else:
+                state = "unknown"
+        st = ctx.stacks.get(r)
+        out[r] = RankState(
+            state=state, phase=ctx.phases.get(r),
+            innermost_open=(f"{o.name}" + (f" group={o.group} seq={o.seq}" if o.seq is not None else "")) if o else None,
+            stack=tuple(stacks_mod.normalise_frame(f) for f in (st.frames[:12] if st else ())),
+            last_op=last_ops.get(r), pids=ctx.rank_pids.get(r, ()),
+        )
+    return out
+
+
+def _stack_tree(ctx: Context) -> str:
+    if not ctx.stacks:
+        return ""
+    return stacks_mod.render(stacks_mod.merge({r: s.frames for r, s in ctx.stacks.items()}))
+
+
+def _input_findings(inputs: Inputs) -> list[Finding]:
+    by_file: dict[str, list] = {}
+    for s in inputs.skipped:
+        by_file.setdefault(s.file, []).append(s)
+    out = []
+    for f, items in sorted(by_file.items()):
+        reasons = Counter(s.reason for s in items)
+        top = "; ".join(f"{r}" + (f" (x{n})" if n > 1 else "") for r, n in reasons.most_common(3))
+        out.append(Finding("input_skipped", f"{f}: {len(items)} item(s) not used: {top}", (), 1.0,
+                           tuple(Evidence("input", f, s.line, s.reason) for s in items[:3])))
+    return out

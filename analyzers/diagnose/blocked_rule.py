@@ -1,0 +1,30 @@
+"""blocked_outside_collective: nothing collective is pending, yet the ranks sit blocked (queue, lock, socket).
+
+Only stacks can say this (DESIGN §2 host states): a job whose every rank waits in ``queue.get`` has no pending op
+for the wait-for graph to see.
+"""
+from __future__ import annotations
+
+from analyzers.diagnose.candidate import Candidate, ranks_text, stack_evidence, where
+from analyzers.diagnose.context import Context
+from analyzers.verdict import Finding, Operation
+
+__all__ = ["blocked_outside"]
+
+
+def blocked_outside(ctx: Context) -> list[Candidate]:
+    blocked = sorted(r for r, st in ctx.host_states.items() if st in ("blocked_other", "idle_loop"))
+    if not blocked:
+        return []
+    pending = ctx.ops.filter(ctx.ops["issued"]) if ctx.ops.num_rows else ctx.ops
+    places = sorted({w for w in (where(ctx.stacks.get(r)) for r in blocked) if w})
+    summary = (f"no collective is pending; {ranks_text(blocked)} {'are' if len(blocked) > 1 else 'is'} blocked "
+               f"outside collectives in {', '.join(places[:3]) or 'a wait'}")
+    ev = tuple(stack_evidence(ctx.stacks[r], ctx.host_states[r]) for r in blocked)
+    steps = [f"The hang is in the application, not in communication: see what {ranks_text(blocked)} wait for "
+             f"({', '.join(places[:3])}) — a request queue, a data loader, a lock or a subprocess that never answers."]
+    del pending
+    return [Candidate("blocked_outside_collective", summary, culprits=tuple(blocked), waiting=(),
+                      operation=Operation(name=places[0] if places else "wait"),
+                      findings=[Finding("blocked_outside_collective", summary, tuple(blocked), 0.6, ev)],
+                      next_steps=steps)]

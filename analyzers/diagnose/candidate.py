@@ -1,0 +1,70 @@
+"""What a rule proposes: a possible verdict (kind, culprits, operation, summary) with its findings.
+
+Rules return candidates in priority order; the facade takes the first primary one as the verdict and keeps every
+rule's findings as evidence. Helpers here turn ops and stacks into ``Evidence`` so every claim cites its source.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from analyzers.hoststate import RankStack
+from analyzers.stacks import normalise_frame
+from analyzers.verdict import Evidence, Finding, Operation, WaitEdge
+from analyzers.waitfor import PendingOp
+
+__all__ = ["Candidate", "op_evidence", "stack_evidence", "operation_of", "where", "ranks_text"]
+
+
+@dataclass
+class Candidate:
+    kind: str
+    summary: str
+    culprits: tuple[int, ...] = ()
+    waiting: tuple[int, ...] = ()
+    operation: Operation | None = None
+    wait_for: tuple[WaitEdge, ...] = ()
+    findings: list[Finding] = field(default_factory=list)
+    next_steps: list[str] = field(default_factory=list)
+    primary: bool = True   # False: findings only, never the verdict
+
+
+def ranks_text(ranks: "tuple[int, ...] | list[int] | set[int]") -> str:
+    from analyzers.verdict import compact_ranks
+
+    rs = sorted(set(ranks))
+    return ("rank " if len(rs) == 1 else "ranks ") + compact_ranks(rs)
+
+
+def op_evidence(op: PendingOp, detail: str = "") -> Evidence:
+    what = f"{op.name} group={op.group} seq={op.seq}"
+    if op.peer is not None:
+        what += f" peer={op.peer}"
+    if op.callsite:
+        what += f" at {op.callsite}"
+    state = "completed" if op.completed else ("failed: " + (op.error or "") if op.errored else "issued, not completed")
+    return Evidence(source=op.source or "events", file=op.file, line=op.line,
+                    detail=f"{what}: {state}" + (f"; {detail}" if detail else ""), rank=op.rank)
+
+
+def where(stack: RankStack | None) -> str | None:
+    """The innermost frame of the application (not torch/stdlib) — 'next_batch (tp_job.py:50)'."""
+    if stack is None or not stack.frames:
+        return None
+    for f in stack.frames:
+        low = f.lower()
+        if "site-packages" in low or "/torch/" in low or "/lib/python" in low or "threading.py" in low \
+                or "queue.py" in low or f.startswith("<"):
+            continue
+        return normalise_frame(f)
+    return normalise_frame(stack.frames[0])
+
+
+def stack_evidence(stack: RankStack, state: str) -> Evidence:
+    top = " <- ".join(normalise_frame(f) for f in stack.frames[:4])
+    return Evidence(source=stack.source or "pyspy", file=stack.file, line=stack.line,
+                    detail=f"{state}: thread {stack.thread_name or '?'} in {top}", rank=stack.rank)
+
+
+def operation_of(op: PendingOp, group_ranks: tuple[int, ...] | None, phase: str | None = None) -> Operation:
+    return Operation(name=op.name, group=op.group, group_desc=op.group_desc, group_ranks=group_ranks, seq=op.seq,
+                     dtype=op.dtype, shape=op.shape, phase=phase, peer=op.peer, callsite=op.callsite)

@@ -1,0 +1,188 @@
+"""Everything the diagnose rules look at, computed once from the merged inputs.
+
+Rules never read files or the environment: they get a ``Context`` (tables, the wait-for graph, host states, job
+status) and return findings, so each can be tested on hand-built contexts.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from analyzers import hoststate, schema, timeline, waitfor
+from analyzers.sources import Inputs
+
+__all__ = ["Context", "build_context", "JobStatus"]
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What the ranktrace meta.json says about the job (None fields when inputs are foreign files)."""
+
+    traced: bool
+    ended: bool
+    exit_code: int | None
+    signal: int | None
+    live_pids: tuple[int, ...] = ()
+
+
+@dataclass
+class Context:
+    inputs: Inputs
+    events: pa.Table
+    ops: pa.Table
+    graph: waitfor.WaitForGraph
+    group_ranks: dict[str, tuple[int, ...]]
+    world: int | None
+    observed_ranks: set[int]
+    open_spans: list[timeline.OpenSpan]
+    stacks: dict[int, hoststate.RankStack]
+    host_states: dict[int, str]
+    phases: dict[int, str]
+    job: JobStatus
+    rank_pids: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    unranked_pids: tuple[int, ...] = ()   # traced processes that imported torch.distributed but never got a rank
+
+    def open_by_rank(self) -> dict[int, timeline.OpenSpan]:
+        """Innermost (latest) open span per rank, preferring the rank's main process."""
+        out: dict[int, timeline.OpenSpan] = {}
+        for s in self.open_spans:
+            if s.rank is not None:
+                out[s.rank] = s
+        return out
+
+    def observations(self, kind: str) -> list[dict[str, Any]]:
+        obs = self.inputs.observations
+        if obs.num_rows == 0:
+            return []
+        return obs.filter(pc.equal(obs["kind"], kind)).to_pylist()
+
+    def departures(self) -> dict[int, waitfor.Departure]:
+        """Per-rank (op, call site) sequences in issue order, compared with the majority (cycle breaking)."""
+        ops = self.ops.filter(self.ops["issued"]).sort_by([("rank", "ascending"), ("t_enter", "ascending"),
+                                                           ("seq", "ascending")])
+        seqs: dict[int, list[str]] = {}
+        for r, n, c in zip(ops["rank"].to_pylist(), ops["name"].to_pylist(), ops["callsite"].to_pylist()):
+            seqs.setdefault(r, []).append(f"{n} @ {c}" if c else n)
+        return waitfor.departures(seqs)
+
+
+def _ras_events(obs: pa.Table) -> pa.Table:
+    """NCCL RAS per-rank op counts -> the same op rows the wait-for engine reads (no second matcher).
+
+    A rank at count c has issued op c of that communicator; ranks at the highest count cannot complete it until
+    the others catch up, and every op below a rank's count has completed on it.
+    """
+    if obs.num_rows == 0:
+        return schema.empty(schema.EVENTS)
+    ras = obs.filter(pc.equal(obs["kind"], "ras_op_count")).to_pylist()
+    rows: list[dict[str, Any]] = []
+    by_comm: dict[str, list[dict[str, Any]]] = {}
+    for r in ras:
+        if r["rank"] is not None and r["value"] is not None:
+            by_comm.setdefault(r["group"] or "", []).append(r)
+    for comm, rs in by_comm.items():
+        top = max(r["value"] for r in rs)
+        ranks = sorted({r["rank"] for r in rs})
+        for r in rs:
+            base = {"rank": r["rank"], "name": "collective", "category": "collective", "group": comm,
+                    "group_ranks": ranks, "backend": "nccl", "seq": r["value"], "source": "ras", "file": r["file"],
+                    "line": r["line"], "detail": f"RAS op count {r['value']}"}
+            rows.append({**base, "kind": "enter"})
+            if r["value"] < top:
+                rows.append({**base, "kind": "complete"})
+    return schema.table_from_rows(schema.EVENTS, rows)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _job_status(inputs: Inputs) -> JobStatus:
+    if not inputs.hosts:
+        return JobStatus(False, False, None, None)
+    ended = all(h.ended for h in inputs.hosts)
+    codes = [(h.meta or {}).get("exit") or {} for h in inputs.hosts]
+    exit_code = max((c.get("exit_code") for c in codes if c.get("exit_code") is not None), default=None)
+    sig = next((c.get("signal") for c in codes if c.get("signal")), None)
+    live: list[int] = []
+    if not ended:
+        host = os.uname().nodename
+        for h in inputs.hosts:
+            if (h.meta or {}).get("hostname") in (None, host):
+                live.extend(int(p) for p in ((h.meta or {}).get("pids") or {}) if _pid_alive(int(p)))
+                live.extend(int(r.stem.split("-")[0]) for r in (h.host_dir / "rings").glob("*.ring")
+                            if r.stem.split("-")[0].isdigit() and _pid_alive(int(r.stem.split("-")[0])))
+    return JobStatus(True, ended, exit_code, sig, tuple(sorted(set(live))))
+
+
+def build_context(inputs: Inputs) -> Context:
+    events = schema.concat(schema.EVENTS, [inputs.events, _ras_events(inputs.observations)])
+    ops = timeline.build_ops(events)
+    group_ranks: dict[str, tuple[int, ...]] = {}
+    withranks = events.filter(pc.and_(pc.is_valid(events["group"]), pc.is_valid(events["group_ranks"])))
+    if withranks.num_rows:  # list columns cannot be aggregated: pick each group's last row by index
+        idx = withranks.append_column("i", pa.array(range(withranks.num_rows), pa.int64()))
+        last = idx.group_by(["group"], use_threads=False).aggregate([("i", "max")])
+        picked = withranks.take(last["i_max"]).select(["group", "group_ranks"]).to_pylist()
+        for r in picked:
+            if r["group_ranks"]:
+                group_ranks[r["group"]] = tuple(r["group_ranks"])
+    worlds = [w for w in (inputs.world_size,) if w]
+    if events.num_rows and events["world"].null_count < events.num_rows:
+        worlds.append(pc.max(events["world"]).as_py())
+    for h in inputs.hosts:
+        for info in ((h.meta or {}).get("pids") or {}).values():
+            if info.get("world"):
+                worlds.append(info["world"])
+    init_worlds = events.filter(pc.and_(pc.equal(events["name"], "init_process_group"), pc.is_valid(events["detail"])))
+    for d in init_worlds["detail"].to_pylist():
+        for part in d.split(", "):
+            if part.startswith("world=") and part[6:].lstrip("-").isdigit() and int(part[6:]) > 0:
+                worlds.append(int(part[6:]))
+    world = max(worlds) if worlds else None
+    observed: set[int] = set()
+    for t in (events, inputs.stacks, inputs.observations):
+        if t.num_rows and t["rank"].null_count < t.num_rows:
+            observed.update(pc.unique(t["rank"].drop_null()).to_pylist())
+    stacks = hoststate.latest_stacks(inputs.stacks)
+    host_states = {r: hoststate.classify(s.frames, s.thread_state) for r, s in stacks.items()}
+    rank_pids: dict[int, set[int]] = {}
+    unranked: set[int] = set()
+    job = _job_status(inputs)
+    for h in inputs.hosts:
+        for pid, info in ((h.meta or {}).get("pids") or {}).items():
+            if info.get("rank") is not None:
+                rank_pids.setdefault(info["rank"], set()).add(int(pid))
+    if events.num_rows:
+        pr = events.filter(pc.equal(events["source"], "events")).group_by(["pid"], use_threads=False).aggregate(
+            [("rank", "max"), ("seq", "count")])
+        for pid, rank, nops in zip(pr["pid"].to_pylist(), pr["rank_max"].to_pylist(), pr["seq_count"].to_pylist()):
+            if rank is not None:
+                rank_pids.setdefault(rank, set()).add(pid)
+            else:
+                unranked.add(pid)
+    parents: set[int] = set()
+    if job.traced:
+        for h in inputs.hosts:  # processes with a ring but no rank (a launcher, or a rank that never initialised)
+            for pid, info in ((h.meta or {}).get("pids") or {}).items():
+                if info.get("rank") is None:
+                    unranked.add(int(pid))
+                elif info.get("ppid"):
+                    parents.add(int(info["ppid"]))
+    unranked -= parents  # mp.spawn / torchrun parents are launchers, not ranks
+    return Context(
+        inputs=inputs, events=events, ops=ops, graph=waitfor.build_graph(ops, group_ranks, world),
+        group_ranks=group_ranks, world=world, observed_ranks=observed, open_spans=timeline.open_spans(events),
+        stacks=stacks, host_states=host_states, phases=timeline.last_phase(events), job=job,
+        rank_pids={r: tuple(sorted(p)) for r, p in rank_pids.items()}, unranked_pids=tuple(sorted(unranked)),
+    )

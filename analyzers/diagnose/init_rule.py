@@ -1,0 +1,66 @@
+"""init_hang: ranks wait inside init_process_group / new_group for ranks that never called it."""
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from analyzers.diagnose.candidate import Candidate, ranks_text, stack_evidence
+from analyzers.diagnose.context import Context
+from analyzers.verdict import Evidence, Finding, Operation, WaitEdge
+
+__all__ = ["init_hang"]
+
+INIT_NAMES = ("init_process_group", "new_group")
+
+
+def init_hang(ctx: Context) -> list[Candidate]:
+    opened: dict[int, object] = {r: s for r, s in ctx.open_by_rank().items()
+                                  if s.category == "init" and s.name in INIT_NAMES}
+    ev = ctx.events
+    failed = ev.filter(pc.and_(pc.equal(ev["kind"], "error"), pc.is_in(ev["name"], value_set=pa.array(INIT_NAMES))))
+    failed_rows = {r["rank"]: r for r in failed.to_pylist() if r["rank"] is not None}
+    if not opened and not failed_rows:
+        return []
+    names = {s.name for s in opened.values()} | {r["name"] for r in failed_rows.values()}  # type: ignore[attr-defined]
+    name = "init_process_group" if "init_process_group" in names else sorted(names)[0]
+    entered = {int(r) for r in ev.filter(pc.and_(pc.equal(ev["name"], name), pc.equal(ev["kind"], "enter")))[
+        "rank"].drop_null().to_pylist()}
+    waiting = tuple(sorted(set(opened) | set(failed_rows)))
+    if name == "init_process_group":
+        universe = set(range(ctx.world)) if ctx.world else set(entered)
+    else:  # new_group: every rank of the world must call it
+        universe = set(range(ctx.world)) if ctx.world else set(entered)
+    never = tuple(sorted(universe - entered))
+    evidence = [Evidence("events", s.file, s.line, f"entered {s.name} at {s.callsite}, never returned", r)
+                for r, s in sorted(opened.items())]  # type: ignore[attr-defined]
+    evidence += [Evidence(f["source"] or "events", f["file"], f["line"], f"{f['name']} failed: {f['error']}", r)
+                 for r, f in sorted(failed_rows.items())]
+    culprit_ev: list[Evidence] = []
+    for pid in ctx.unranked_pids:
+        culprit_ev.append(Evidence("events", None, None,
+                                   f"pid {pid} imported torch.distributed but never called {name} (no rank known)"))
+    for r in never:
+        if r in ctx.stacks:
+            culprit_ev.append(stack_evidence(ctx.stacks[r], ctx.host_states.get(r, "unknown")))
+    if never:
+        summary = (f"{ranks_text(waiting)} waited in {name} for {ranks_text(never)}, which never called it"
+                   + (f" (world size {ctx.world})" if ctx.world else ""))
+        conf = 0.9 if ctx.world else 0.6
+    else:
+        summary = f"{ranks_text(waiting)} are inside {name} and it has not returned on any of them"
+        conf = 0.5
+    findings = [Finding("init_hang", summary, tuple(never or waiting), conf, tuple(evidence + culprit_ev))]
+    steps = []
+    if never:
+        steps.append(f"Check how {ranks_text(never)} was launched: does it reach {name} (RANK/WORLD_SIZE/"
+                     f"MASTER_ADDR/MASTER_PORT in its environment, an exception or a long load before it)?")
+        if ctx.unranked_pids:
+            steps.append(f"Look at the stack of pid(s) {', '.join(map(str, ctx.unranked_pids))}: a process of the job "
+                         f"that never initialised.")
+    else:
+        steps.append("Every rank entered init: check the rendezvous store (MASTER_ADDR/PORT reachable, same port) "
+                     "and, on NCCL, the NCCL INIT/BOOTSTRAP lines for the first rank that stops.")
+    return [Candidate("init_hang", summary, culprits=never, waiting=waiting,
+                      operation=Operation(name=name, phase="init"),
+                      wait_for=tuple(WaitEdge(r, never, name, None, None) for r in waiting if never),
+                      findings=findings, next_steps=steps)]

@@ -1,0 +1,279 @@
+"""The wait-for verdicts: missing_ranks, collective_mismatch, stuck_in_collective, and rank_exited when the rank
+everybody waits for is gone. All come from the one wait-for graph (analyzers.waitfor)."""
+from __future__ import annotations
+
+import re
+
+from analyzers import waitfor
+from analyzers.diagnose.candidate import Candidate, op_evidence, operation_of, ranks_text, stack_evidence, where
+from analyzers.diagnose.context import Context
+from analyzers.verdict import Evidence, Finding, WaitEdge
+
+__all__ = ["mismatch", "waiting", "stuck"]
+
+TIMEOUT = re.compile(r"timed out|timeout|deadline exceeded", re.IGNORECASE)
+
+PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|remote process exited|Broken pipe|"
+                       r"peer .*(closed|exited|died)|ECONNRESET|socket closed", re.IGNORECASE)
+
+
+def mismatch(ctx: Context) -> list[Candidate]:
+    out = []
+    for m in ctx.graph.mismatches:
+        minority = set(m.minority)
+        culprit_ops = [o for o in m.ops if o.rank in minority]
+        major_ops = [o for o in m.ops if o.rank not in minority]
+        what = {waitfor.MatchState.OP_MISMATCH: "op", waitfor.MatchState.DTYPE_MISMATCH: "dtype",
+                waitfor.MatchState.SIZE_MISMATCH: "size"}[m.state]
+        if major_ops:
+            ref = major_ops[0]
+            theirs = ", ".join(sorted({_desc(o) for o in culprit_ops}))
+            summary = (f"{ranks_text(m.minority)} issued {theirs} where {ranks_text([o.rank for o in major_ops])} "
+                       f"issued {_desc(ref)} (group {ref.group}, seq {m.seq}): {what} mismatch")
+        else:
+            ref = m.ops[0]
+            summary = (f"ranks disagree on the {what} of group {ref.group} seq {m.seq}: "
+                       + "; ".join(f"{ranks_text([o.rank])} {_desc(o)}" for o in m.ops))
+        ev = tuple(op_evidence(o) for o in m.ops)
+        conf = 0.9 if major_ops else 0.5
+        f = Finding("collective_mismatch", summary, m.minority, conf, ev)
+        steps = [f"Make every rank of group {ref.group} issue the same collective at seq {m.seq}: "
+                 + "; ".join(f"{ranks_text([o.rank])} called it from {o.callsite}" for o in culprit_ops
+                             if o.callsite)]
+        out.append(Candidate("collective_mismatch", summary, culprits=m.minority,
+                             waiting=tuple(sorted(o.rank for o in major_ops)),
+                             operation=operation_of(ref, ctx.graph.members.get(m.chan)),
+                             wait_for=tuple(WaitEdge(o.rank, m.minority, o.name, o.group, o.seq) for o in major_ops),
+                             findings=[f], next_steps=steps))
+    return out
+
+
+def _desc(o: waitfor.PendingOp) -> str:
+    parts = [o.name]
+    if o.dtype:
+        parts.append(o.dtype)
+    if o.shape:
+        parts.append(o.shape)
+    return " ".join(parts)
+
+
+def waiting(ctx: Context) -> list[Candidate]:
+    """missing_ranks (or rank_exited): the sinks of the wait-for graph."""
+    g = ctx.graph
+    if not g.edges:
+        return []
+    succ = g.successors()
+    sinks = waitfor.sink_components(succ)
+    if not sinks:
+        return []
+    deps = None
+    culprits: list[int] = []
+    confidence = 0.9
+    cycle_notes: list[Finding] = []
+    for comp in sinks:
+        if len(comp) > 1 and deps is None:
+            deps = ctx.departures()
+        chosen, conf = waitfor.break_cycles(comp, deps or {})
+        culprits.extend(chosen)
+        confidence = min(confidence, conf)
+        if len(comp) > 1:
+            d = (deps or {})
+            detail = "; ".join(f"rank {r} ran {d[r].ran!r} where most ranks ran {d[r].majority!r} (op #{d[r].position})"
+                               for r in chosen if r in d and d[r].position is not None)
+            cycle_notes.append(Finding("wait_cycle", f"{ranks_text(comp)} wait on each other; "
+                                       + (detail or "no rank departs from the others: all are reported"),
+                                       tuple(comp), conf,
+                                       tuple(op_evidence(e.op) for e in g.edges if e.waiter in comp)))
+    culprit_set = set(culprits)
+    # reach: every rank with a path to a culprit
+    reach: set[int] = set()
+    frontier = set(culprit_set)
+    pred: dict[int, set[int]] = {}
+    for e in g.edges:
+        pred.setdefault(e.waits_on, set()).add(e.waiter)
+    while frontier:
+        nxt = set()
+        for v in frontier:
+            for u in pred.get(v, ()):
+                if u not in reach and u not in culprit_set:
+                    reach.add(u)
+                    nxt.add(u)
+        frontier = nxt
+    waiters = tuple(sorted(reach))
+    internal = [e for e in g.edges if e.waits_on in culprit_set and e.waiter in culprit_set]
+    external = [e for e in g.edges if e.waits_on in culprit_set and e.waiter not in culprit_set]
+    # a tied cycle (recv <-> recv): what the culprits wait on each other for is the operation
+    into = internal if (internal and len(culprit_set) > 1) else (external or internal)
+    # the op the others wait for: the most common (group, seq, name) on edges into the culprits
+    counts: dict[tuple, int] = {}
+    for e in into:
+        k = (e.op.chan, e.op.seq, e.op.name)
+        counts[k] = counts.get(k, 0) + 1
+    key = max(counts, key=lambda k: (counts[k], -(k[1] or 0)))
+    ref = next(e.op for e in into if (e.op.chan, e.op.seq, e.op.name) == key)
+    waiting_on_ref = sorted({e.waiter for e in into if (e.op.chan, e.op.seq, e.op.name) == key})
+    exited, exit_ev = _exited(ctx, culprit_set, into)
+    kind = "rank_exited" if exited and exited >= culprit_set else "missing_ranks"
+    culprit_where = []
+    for r in sorted(culprit_set):
+        w = where(ctx.stacks.get(r))
+        st = ctx.host_states.get(r)
+        if r in exited:
+            culprit_where.append(f"{ranks_text([r])} exited")
+        elif w:
+            culprit_where.append(f"{ranks_text([r])} is in {w}" + (f" ({st})" if st else ""))
+        else:
+            open_ = ctx.open_by_rank().get(r)
+            if open_ is not None:
+                culprit_where.append(f"{ranks_text([r])} is inside {open_.name}"
+                                     + (f" (group {open_.group}, seq {open_.seq})" if open_.seq else ""))
+    peer = f" from {ranks_text([ref.peer])}" if ref.category == "p2p" and ref.peer is not None else ""
+    gname = f"group {ref.group}{'/' + ref.group_desc if ref.group_desc else ''}"
+    if into is internal and len(culprit_set) > 1:
+        summary = (f"{ranks_text(sorted(culprit_set))} wait on each other in {ref.name} ({gname}, seq {ref.seq}): "
+                   f"each waits for a peer that is itself waiting")
+        if waiters:
+            summary += f"; {ranks_text(waiters)} wait for them"
+    else:
+        summary = (f"{ranks_text(waiting_on_ref)} {'are' if len(waiting_on_ref) > 1 else 'is'} waiting in "
+                   f"{ref.name}{peer} ({gname}, seq {ref.seq}) for {ranks_text(sorted(culprit_set))}, which never "
+                   f"issued it")
+    if kind == "rank_exited":
+        summary += " because it exited"
+    if culprit_where:
+        summary += "; " + "; ".join(culprit_where)
+    unobserved = sorted(r for r in culprit_set if r not in ctx.observed_ranks)
+    evidence = [op_evidence(e.op, f"waits on rank {e.waits_on}") for e in into[:16]]
+    for r in sorted(culprit_set):
+        if r in ctx.stacks:
+            evidence.append(stack_evidence(ctx.stacks[r], ctx.host_states.get(r, "unknown")))
+        last = _last_issued(ctx, r, ref.chan)
+        if last is not None:
+            evidence.append(last)
+    evidence.extend(exit_ev)
+    findings = [Finding(kind, summary, tuple(sorted(culprit_set)), confidence, tuple(evidence))] + cycle_notes
+    if unobserved:
+        findings.append(Finding("unobserved_culprit",
+                                f"{ranks_text(unobserved)} left no evidence at all: blamed only because "
+                                f"{ranks_text(waiting_on_ref)} wait for it", tuple(unobserved), 0.5,
+                                tuple(op_evidence(e.op) for e in into[:4])))
+    steps = _steps(ctx, kind, culprit_set, ref)
+    wait_for = _wait_for(g)
+    return [Candidate(kind, summary, culprits=tuple(sorted(culprit_set)), waiting=waiters,
+                      operation=operation_of(ref, g.members.get(ref.chan), ctx.phases.get(waiting_on_ref[0])),
+                      wait_for=wait_for, findings=findings, next_steps=steps)]
+
+
+def _wait_for(g: waitfor.WaitForGraph) -> tuple[WaitEdge, ...]:
+    merged: dict[tuple, set[int]] = {}
+    for e in g.edges:
+        merged.setdefault((e.waiter, e.op.name, e.op.group, e.op.seq), set()).add(e.waits_on)
+    return tuple(WaitEdge(r, tuple(sorted(on)), op, grp, seq) for (r, op, grp, seq), on in sorted(merged.items()))
+
+
+def _last_issued(ctx: Context, rank: int, chan: str) -> Evidence | None:
+    ops = ctx.ops
+    import pyarrow.compute as pc
+
+    mine = ops.filter(pc.and_(pc.equal(ops["rank"], rank), pc.equal(ops["chan"], chan)))
+    if mine.num_rows == 0:
+        return Evidence("events", None, None, f"rank {rank} issued nothing on this channel", rank)
+    last = mine.sort_by([("seq", "descending")]).slice(0, 1).to_pylist()[0]
+    return Evidence(last["source"] or "events", last["file"], last["line"],
+                    f"its last op on group {last['group']} was {last['name']} seq {last['seq']} at {last['callsite']}",
+                    rank)
+
+
+def _exited(ctx: Context, culprits: set[int], into: list[waitfor.Edge]) -> tuple[set[int], list[Evidence]]:
+    """Culprits known to have exited: the others' errors say the peer went away, or its process is gone."""
+    gone: set[int] = set()
+    ev: list[Evidence] = []
+    peer_errors = [e for e in into if e.op.errored and e.op.error and PEER_GONE.search(e.op.error)]
+    # A real hang ends in timeouts, and the ranks that time out first then exit, so the remaining waiters see
+    # "connection closed" too: peer-gone errors prove an exit only when nobody timed out.
+    timed_out = [o for o in ctx.graph.edges if o.op.errored and o.op.error and TIMEOUT.search(o.op.error)]
+    if peer_errors and not timed_out:
+        gone |= culprits
+        ev.extend(op_evidence(e.op) for e in peer_errors[:4])
+    if ctx.job.traced and not ctx.job.ended:
+        for r in culprits:
+            pids = ctx.rank_pids.get(r, ())
+            if pids and not any(p in ctx.job.live_pids for p in pids):
+                gone.add(r)
+                ev.append(Evidence("proc", None, None, f"process(es) {', '.join(map(str, pids))} of rank {r} are gone",
+                                   r))
+    for o in ctx.observations("process_exit"):
+        if o["rank"] in culprits:
+            gone.add(o["rank"])
+            ev.append(Evidence(o["source"] or "proc", o["file"], o["line"], o["detail"] or "process exited", o["rank"]))
+    return gone, ev
+
+
+def _steps(ctx: Context, kind: str, culprits: set[int], ref: waitfor.PendingOp) -> list[str]:
+    rs = ranks_text(sorted(culprits))
+    steps = []
+    if kind == "rank_exited":
+        steps.append(f"Find why {rs} exited first: its stderr, exit code, OOM kills (dmesg), an exception before "
+                     f"{ref.name} seq {ref.seq}.")
+    else:
+        w = [where(ctx.stacks.get(r)) for r in sorted(culprits)]
+        if any(w):
+            steps.append(f"Look at what {rs} does instead of {ref.name}: {', '.join(x for x in w if x)} — a "
+                         f"data-dependent branch, a slow/blocked input, or an exception swallowed before the call?")
+        if ref.callsite:
+            steps.append(f"The others issued {ref.name} (group {ref.group}, seq {ref.seq}) from {ref.callsite}: "
+                         f"check that every rank reaches that line the same number of times.")
+        if not ctx.stacks:
+            steps.append("No stacks were captured: run `trace attach PID` or py-spy dump on the culprit to see where "
+                         "it is.")
+    return steps
+
+
+def stuck(ctx: Context) -> list[Candidate]:
+    """Every member issued the same op; some or all never completed it (below Python: transport, GPU stream)."""
+    out = []
+    for s in ctx.graph.stuck:
+        ref = s.ops[0]
+        members = ctx.graph.members.get(s.chan, ())
+        if s.completed:
+            culprits = s.not_completed
+            summary = (f"{ranks_text(s.not_completed)} issued {ref.name} (group {ref.group}, seq {s.seq}) like "
+                       f"{ranks_text(s.completed)} but it never completed there")
+            conf = 0.7
+        else:
+            culprits = ()
+            summary = (f"every member of group {ref.group} ({ranks_text(members)}) issued {ref.name} seq {s.seq} "
+                       f"and none completed it: stuck below Python (transport, GPU stream)")
+            conf = 0.6
+        states = {r: ctx.host_states.get(r) for r in s.not_completed}
+        sync = [r for r, st in states.items() if st == "host_sync_wait"]
+        if sync:
+            summary += f"; {ranks_text(sync)} wait{'s' if len(sync) == 1 else ''} for the GPU on the host " \
+                       f"({', '.join(filter(None, (where(ctx.stacks.get(r)) for r in sync)))})"
+        ev = [op_evidence(o) for o in s.ops]
+        ev.extend(stack_evidence(ctx.stacks[r], ctx.host_states.get(r, "unknown")) for r in s.not_completed
+                  if r in ctx.stacks)
+        transports = ctx.observations("nccl_transport")
+        ev.extend(Evidence(o["source"] or "nccl", o["file"], o["line"], f"transport {o['detail']} {o['name'] or ''}",
+                           o["rank"]) for o in transports[:8])
+        warns = ctx.observations("nccl_warn")
+        ev.extend(Evidence(o["source"] or "nccl", o["file"], o["line"], f"NCCL WARN {o['detail']}", o["rank"])
+                  for o in warns[:8])
+        steps = []
+        if s.completed:
+            steps.append(f"{ranks_text(culprits)}'s GPU stream did not finish {ref.name} seq {s.seq}: look for work "
+                         f"queued before it on that GPU (a kernel that never ends, a graph replay) and for Xid "
+                         f"errors in dmesg / nvidia-smi.")
+        else:
+            steps.append("Transport-level hang: read the NCCL INIT/transport lines (P2P/IPC, SHM, NET) for this "
+                         "communicator; try NCCL_P2P_DISABLE=1 (P2P transport) or NCCL_IB_DISABLE=1 to isolate it.")
+            if any("P2P" in (o["detail"] or "") for o in transports):
+                steps.append("NCCL used P2P between these GPUs: a PCIe-only box with broken peer access hangs here; "
+                             "rerun once with NCCL_P2P_DISABLE=1.")
+        waiting_r = tuple(sorted(set(members) - set(culprits))) if culprits else tuple(s.not_completed)
+        out.append(Candidate("stuck_in_collective", summary, culprits=tuple(culprits), waiting=waiting_r,
+                             operation=operation_of(ref, members),
+                             findings=[Finding("stuck_in_collective", summary, tuple(culprits or s.not_completed),
+                                               conf, tuple(ev))],
+                             next_steps=steps))
+    return out

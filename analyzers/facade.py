@@ -1,0 +1,45 @@
+"""One entry point per question (HTA style): analyze these paths -> a verdict (and the timeline behind it).
+
+The CLI, ``trace run`` and the watchdog all call these; nothing here prints or exits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from analyzers import diagnose as diagnose_mod
+from analyzers.sources import InputError, Inputs, collect
+from analyzers.verdict import Verdict
+
+__all__ = ["AnalysisResult", "analyze_paths", "analyze_with_timeline", "exit_code", "InputError"]
+
+
+@dataclass(frozen=True)
+class AnalysisResult:
+    verdict: Verdict
+    events: pa.Table
+    ops: pa.Table
+    inputs: Inputs
+
+
+def analyze_with_timeline(paths: list[Path]) -> AnalysisResult:
+    """Read `paths`, diagnose, and keep the tables (for the Perfetto/HTML renderers). Raises InputError."""
+    inputs = collect([Path(p) for p in paths])
+    ctx = diagnose_mod.build_context(inputs)
+    verdict = diagnose_mod.diagnose(inputs, ctx)
+    return AnalysisResult(verdict, ctx.events, ctx.ops, inputs)
+
+
+def analyze_paths(paths: list[Path]) -> Verdict:
+    return analyze_with_timeline(paths).verdict
+
+
+def exit_code(v: Verdict) -> int:
+    """DESIGN §5: 0 no hang, 3 hang or crash diagnosed, 4 inconclusive (2 = usage/input error, raised earlier)."""
+    if v.status in ("hang", "crashed"):
+        return 3
+    if v.status == "inconclusive":
+        return 4
+    return 0

@@ -1,0 +1,89 @@
+"""What each rank's host is doing, from its stacks (DESIGN §2 host states).
+
+States: ``host_sync_wait`` (waiting for the GPU: synchronize / item / tolist / cudaStreamSynchronize — on NCCL a
+rank hung in a collective usually sits *here*, since the collective call itself returned at enqueue),
+``in_collective`` (blocked inside a collective call on the host, as gloo does), ``blocked_other`` (lock, queue,
+pipe, socket, store wait, sleep), ``idle_loop`` (an event loop polling for work), ``running``, ``exited``,
+``unknown``. Poller threads (NCCL watchdog/proxy, gloo runloop, zmq, our agent) never decide a rank's state.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = ["RankStack", "latest_stacks", "classify", "HOST_STATES"]
+
+HOST_STATES = ("host_sync_wait", "in_collective", "blocked_other", "idle_loop", "running", "exited", "unknown")
+
+_RULES: list[tuple[str, re.Pattern[str]]] = [
+    ("host_sync_wait", re.compile(
+        r"\b(synchronize|tolist|item|_local_scalar_dense|cu(da)?StreamSynchronize|cudaDeviceSynchronize|"
+        r"cu(da)?EventSynchronize|THPVariable_tolist|THPVariable_item)\b")),
+    ("in_collective", re.compile(
+        r"distributed_c10d\.py|\b(ProcessGroup\w*|gloo::|c10d::|ncclGroupEnd|ncclAllReduce|Work::wait|"
+        r"_coalescing_manager)\b|\((all_reduce|all_gather\w*|reduce_scatter\w*|broadcast|barrier|all_to_all\w*|"
+        r"send|recv|wait)\b")),
+    ("idle_loop", re.compile(r"\b(event_loop\w*|_run_once|serve_forever|run_forever|recv_requests|uvicorn)\b")),
+    ("blocked_other", re.compile(
+        r"\b(get|put|wait|acquire|join|select|poll|epoll_wait|recv|recv_into|accept|read|readline|sleep|"
+        r"_store_based_barrier|store_wait|futex_wait|pthread_cond_wait)\b|queue\.py|threading\.py|selectors\.py")),
+]
+_POLLERS = re.compile(r"(nccl|NCCL|gloo|ProcessGroup|watchdog|heartbeat|ras|zmq|pt_autograd|ranktrace|pydevd|"
+                      r"QueueFeederThread|_bootstrap_inner)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class RankStack:
+    rank: int
+    pid: int | None
+    thread_name: str | None
+    thread_state: str | None
+    frames: tuple[str, ...]   # innermost first
+    source: str | None
+    file: str | None
+    line: int | None
+
+
+def classify(frames: tuple[str, ...], thread_state: str | None = None) -> str:
+    """Host state of one thread from its innermost frames."""
+    top = frames[:12]
+    for state, pat in _RULES:
+        for f in top[:4] if state == "blocked_other" else top:
+            if pat.search(f):
+                return state
+    if thread_state and thread_state.startswith("active"):
+        return "running"
+    if thread_state == "idle":
+        return "blocked_other"
+    return "unknown" if not frames else "running"
+
+
+def latest_stacks(stacks: pa.Table) -> dict[int, RankStack]:
+    """Each rank's most telling thread in its latest snapshot: MainThread, else the first non-poller thread."""
+    st = stacks.filter(pc.is_valid(stacks["rank"]))
+    if st.num_rows == 0:
+        return {}
+    order = "wall_ns" if st["wall_ns"].null_count < st.num_rows else "line"
+    st = st.sort_by([(order, "ascending")])
+    rows = st.select(["rank", "pid", "thread_name", "thread_state", "frames", "native", "source", "file", "line",
+                      "snapshot"]).to_pylist()
+    latest_snapshot: dict[int, str | None] = {}
+    for r in rows:
+        latest_snapshot[r["rank"]] = r["snapshot"] or r["file"]
+    best: dict[int, tuple[int, RankStack]] = {}
+    for r in rows:
+        rank = r["rank"]
+        if (r["snapshot"] or r["file"]) != latest_snapshot[rank] or not r["frames"]:
+            continue
+        name = r["thread_name"] or ""
+        score = 3 if name == "MainThread" else (0 if _POLLERS.search(name) else 1)
+        if r["native"]:
+            score -= 0.5  # prefer Python frames when both exist
+        cand = RankStack(rank, r["pid"], r["thread_name"], r["thread_state"], tuple(r["frames"]), r["source"],
+                         r["file"], r["line"])
+        if rank not in best or score > best[rank][0]:
+            best[rank] = (score, cand)
+    return {rank: c for rank, (_s, c) in best.items()}

@@ -1,0 +1,74 @@
+"""Terminal renderer: the verdict sentence first, then the per-rank table, the merged stack tree, evidence, steps.
+
+Rendered with rich into a string (no terminal sniffing here: the caller decides where the text goes; colour is
+off so logs and CI stay readable).
+"""
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from analyzers.verdict import Verdict, compact_ranks
+
+__all__ = ["render", "EXTENSION", "BINARY"]
+
+EXTENSION = ".txt"
+BINARY = False
+
+
+def render(verdict: Verdict, width: int = 120) -> str:
+    buf = io.StringIO()
+    con = Console(file=buf, width=width, color_system=None, force_terminal=False, highlight=False)
+    head = f"{verdict.status.upper()} · {verdict.kind}"
+    con.print(Text(head, style="bold"))
+    con.print(verdict.summary)
+    op = verdict.operation
+    if op is not None:
+        bits = [op.name]
+        if op.group is not None:
+            bits.append(f"group {op.group}" + (f" ({op.group_desc})" if op.group_desc else ""))
+        if op.group_ranks:
+            bits.append(f"members {compact_ranks(op.group_ranks)}")
+        if op.seq is not None:
+            bits.append(f"seq {op.seq}")
+        if op.dtype or op.shape:
+            bits.append(" ".join(x for x in (op.dtype, op.shape) if x))
+        if op.callsite:
+            bits.append(f"at {op.callsite}")
+        con.print("operation: " + ", ".join(bits))
+    if verdict.culprit_ranks:
+        con.print(f"culprit ranks: {compact_ranks(verdict.culprit_ranks)}")
+    if verdict.waiting_ranks:
+        con.print(f"waiting ranks: {compact_ranks(verdict.waiting_ranks)}")
+    if verdict.unobserved_ranks:
+        con.print(f"unobserved ranks (no evidence): {compact_ranks(verdict.unobserved_ranks)}")
+    if verdict.ranks:
+        t = Table(title=None, show_edge=False, pad_edge=False)
+        for col in ("rank", "state", "inside", "last op", "where"):
+            t.add_column(col, overflow="fold")
+        culprits = set(verdict.culprit_ranks)
+        for r, s in sorted(verdict.ranks.items()):
+            t.add_row(f"{r}{' *' if r in culprits else ''}", s.state, s.innermost_open or "", s.last_op or "",
+                      s.stack[0] if s.stack else "")
+        con.print(t)
+    if verdict.stack_tree:
+        con.print(Text("merged stacks (outermost first):", style="bold"))
+        con.print(Text(verdict.stack_tree))
+    if verdict.findings:
+        con.print(Text("evidence:", style="bold"))
+        for f in verdict.findings:
+            con.print(f"- [{f.kind}] {f.summary} (confidence {f.confidence:.1f})", markup=False)
+            for e in f.evidence[:6]:
+                where = e.file or e.source
+                if e.line is not None:
+                    where += f":{e.line}"
+                rank = f"rank {e.rank}: " if e.rank is not None else ""
+                con.print(f"    {rank}{e.detail} [{e.source} {where}]", markup=False)
+    if verdict.next_steps:
+        con.print(Text("next steps:", style="bold"))
+        for s in verdict.next_steps:
+            con.print(f"- {s}", markup=False)
+    return buf.getvalue()

@@ -1,0 +1,243 @@
+"""Find, sniff and read every input, and merge what the readers produced into one set of common tables.
+
+``trace analyze`` takes ranktrace run/host directories, or any folder or list of files a user already has (NCCL
+logs, Flight Recorder dumps, py-spy dumps, ...). Formats are recognised by content (each reader's ``sniff``); a
+file several text readers recognise (a Slurm log with NCCL lines, watchdog lines and py-spy dumps) is read by each
+of them. Bad files never stop the analysis: they become ``Skipped`` entries that the verdict reports.
+
+Ranks a reader could not name are filled afterwards, in one place: from the same process's ranktrace identity
+(pid -> rank on that host), else from the file name (``rank3``, ``tp1``, ``nccl_trace_rank_3``).
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+
+from analyzers import schema
+from analyzers.readers.base import ReaderError, ReadResult, Skipped
+
+__all__ = ["Inputs", "InputError", "collect", "READERS", "HostRun"]
+
+# Sniff order: specific binary/JSON formats first, then text logs (which may share a file).
+READERS = ("ranktrace_ring", "nsys", "flight_recorder", "kineto", "nccl_ras", "fr_text", "pyspy", "faulthandler",
+           "gdb", "watchdog", "nccl_log", "server_log", "nvidia_smi")
+TEXT_READERS = frozenset({"pyspy", "faulthandler", "gdb", "watchdog", "nccl_log", "server_log", "nvidia_smi",
+                          "fr_text", "nccl_ras"})
+HEAD_BYTES = 64 * 1024
+_OWN_FILES = {"meta.json", "verdict.json", "report.html", "events.arrow"}
+
+
+class InputError(Exception):
+    """Nothing analyzable was given (missing path, empty folder, nothing recognised). Maps to exit 2."""
+
+
+@dataclass
+class HostRun:
+    """One ranktrace host directory: its meta.json (if readable) and whether its job has ended."""
+
+    host_dir: Path
+    meta: dict[str, Any] | None
+    ended: bool
+
+
+@dataclass
+class Inputs:
+    events: pa.Table
+    stacks: pa.Table
+    observations: pa.Table
+    skipped: list[Skipped] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    formats: dict[str, list[str]] = field(default_factory=dict)
+    hosts: list[HostRun] = field(default_factory=list)
+    world_size: int | None = None
+
+    @property
+    def has_ranktrace(self) -> bool:
+        return bool(self.hosts)
+
+
+def _load_readers() -> list[tuple[str, Any]]:
+    mods = []
+    for name in READERS:
+        try:
+            mods.append((name, importlib.import_module(f"analyzers.readers.{name}")))
+        except ImportError:
+            continue
+    return mods
+
+
+def _is_host_dir(p: Path) -> bool:
+    return p.is_dir() and ((p / "meta.json").exists() or (p / "rings").is_dir() or (p / "events.arrow").exists())
+
+
+def collect(paths: list[Path]) -> Inputs:
+    """Read everything under `paths`. Raises InputError when nothing at all could be used."""
+    readers = _load_readers()
+    results: list[ReadResult] = []
+    skipped: list[Skipped] = []
+    hosts: list[HostRun] = []
+    files: list[Path] = []
+    for p in paths:
+        if not p.exists():
+            raise InputError(f"{p}: no such file or directory")
+        if p.is_file():
+            files.append(p)
+            continue
+        host_dirs = [p] if _is_host_dir(p) else sorted(d for d in p.iterdir() if _is_host_dir(d))
+        for hd in host_dirs:
+            hosts.append(_read_host_dir(hd, results, skipped, files))
+        if not host_dirs:
+            files.extend(_walk(p))
+    formats: dict[str, list[str]] = {}
+    for f in files:
+        got = _read_file(f, readers, results, skipped)
+        if got:
+            formats[str(f)] = got
+    if not results and not hosts:
+        where = ", ".join(str(p) for p in paths)
+        if skipped:
+            raise InputError(f"nothing readable in {where}: " + "; ".join(f"{s.file}: {s.reason}" for s in skipped[:5]))
+        raise InputError(f"nothing to analyze in {where}: no trace directory and no file in a known format")
+    inputs = Inputs(
+        events=schema.concat(schema.EVENTS, [r.events for r in results]),
+        stacks=schema.concat(schema.STACKS, [r.stacks for r in results]),
+        observations=schema.concat(schema.OBSERVATIONS, [r.observations for r in results]),
+        skipped=skipped + [s for r in results for s in r.skipped],
+        files=[r.file for r in results],
+        formats=formats,
+        hosts=hosts,
+        world_size=max((r.world_size for r in results if r.world_size), default=None),
+    )
+    _fill_ranks(inputs)
+    return inputs
+
+
+def _walk(root: Path) -> list[Path]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        out.extend(Path(dirpath) / f for f in sorted(filenames) if not f.startswith("."))
+    return out
+
+
+def _read_file(f: Path, readers: list[tuple[str, Any]], results: list[ReadResult], skipped: list[Skipped]) -> list[str]:
+    try:
+        with open(f, "rb") as fh:
+            head = fh.read(HEAD_BYTES)
+    except OSError as e:
+        skipped.append(Skipped(str(f), None, f"cannot open: {e.strerror or e}"))
+        return []
+    if not head:
+        skipped.append(Skipped(str(f), None, "empty file"))
+        return []
+    claimed: list[str] = []
+    for name, mod in readers:
+        if claimed and (name not in TEXT_READERS or claimed[0] not in TEXT_READERS):
+            continue
+        try:
+            if not mod.sniff(f, head):
+                continue
+        except Exception:
+            continue
+        try:
+            results.append(mod.read(f))
+            claimed.append(name)
+        except ReaderError as e:
+            skipped.append(Skipped(str(f), None, f"{name}: {e.reason}"))
+        except Exception as e:  # a reader bug must not lose the other files
+            skipped.append(Skipped(str(f), None, f"{name} reader failed: {type(e).__name__}: {e}"))
+    if not claimed and not any(s.file == str(f) for s in skipped):
+        skipped.append(Skipped(str(f), None, "not a format ranktrace reads (skipped)"))
+    return claimed
+
+
+def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], files: list[Path]) -> HostRun:
+    """A ranktrace host directory: events.arrow (or the rings, for a live or unfinalized job), plus dumps/ and nccl/."""
+    meta: dict[str, Any] | None = None
+    mp = hd / "meta.json"
+    if mp.exists():
+        try:
+            meta = json.loads(mp.read_text())
+            if not isinstance(meta, dict) or not str(meta.get("schema", "")).startswith("ranktrace.meta/"):
+                skipped.append(Skipped(str(mp), None, "not a ranktrace meta.json (schema missing)"))
+                meta = None
+        except (OSError, ValueError) as e:
+            skipped.append(Skipped(str(mp), None, f"corrupt meta.json ({e}); job status unknown"))
+    else:
+        skipped.append(Skipped(str(mp), None, "missing meta.json; job status unknown"))
+    host = hd.name
+    used_arrow = False
+    ev = hd / "events.arrow"
+    if ev.exists():
+        try:
+            with pa.memory_map(str(ev)) as src:
+                table = ipc.open_file(src).read_all()
+            if table.schema.metadata and table.schema.metadata.get(b"schema", b"").startswith(b"ranktrace.events/"):
+                results.append(ReadResult(file=str(ev), format="ranktrace_events", events=table.cast(schema.EVENTS)))
+                used_arrow = True
+            else:
+                skipped.append(Skipped(str(ev), None, "events.arrow without a ranktrace schema; using rings"))
+        except (OSError, pa.ArrowInvalid) as e:
+            skipped.append(Skipped(str(ev), None, f"unreadable events.arrow ({e}); using the rings instead"))
+    if not used_arrow:
+        from analyzers.readers import ranktrace_ring
+
+        for ring in sorted((hd / "rings").glob("*.ring")):
+            try:
+                results.append(ranktrace_ring.read(ring, host=host))
+            except ReaderError as e:
+                skipped.append(Skipped(str(ring), None, e.reason))
+    for sub in ("dumps", "nccl", "logs"):
+        if (hd / sub).is_dir():
+            files.extend(_walk(hd / sub))
+    ended = bool(meta and meta.get("exit"))
+    return HostRun(hd, meta, ended)
+
+
+def _fill_ranks(inputs: Inputs) -> None:
+    """Fill null ranks: pid -> rank from events of the same host, else the file name."""
+    from analyzers.readers import rankinfer
+
+    ev = inputs.events
+    known = ev.filter(pc.is_valid(ev["rank"])).select(["host", "pid", "rank"])
+    pid_rank: dict[tuple[Any, Any], int] = {}
+    for h, p, r in zip(*(known.group_by(["host", "pid"]).aggregate([("rank", "max")]).column(i).to_pylist()
+                          for i in range(3))):
+        pid_rank[(h, p)] = r
+    for h_run in inputs.hosts:  # meta.json's pid map covers processes whose ring was lost
+        for pid, info in ((h_run.meta or {}).get("pids") or {}).items():
+            if info.get("rank") is not None:
+                pid_rank.setdefault((h_run.host_dir.name, int(pid)), info["rank"])
+    pid_only = {p: r for (_h, p), r in pid_rank.items()}
+
+    def fill(table: pa.Table) -> pa.Table:
+        if table.num_rows == 0 or table["rank"].null_count == 0:
+            return table
+        ranks = table["rank"].to_pylist()
+        hosts, pids, fnames = table["host"].to_pylist(), table["pid"].to_pylist(), table["file"].to_pylist()
+        cache: dict[str, int | None] = {}
+        for i, r in enumerate(ranks):
+            if r is not None:
+                continue
+            r = pid_rank.get((hosts[i], pids[i]))
+            if r is None and hosts[i] is None and pids[i] is not None:
+                r = pid_only.get(pids[i])
+            if r is None and fnames[i]:
+                f = fnames[i]
+                if f not in cache:
+                    cache[f] = rankinfer.rank_from_name(Path(f).name)
+                r = cache[f]
+            ranks[i] = r
+        return table.set_column(table.schema.get_field_index("rank"), "rank", pa.array(ranks, pa.int32()))
+
+    inputs.events = fill(inputs.events)
+    inputs.stacks = fill(inputs.stacks)
+    inputs.observations = fill(inputs.observations)

@@ -1,0 +1,169 @@
+"""The verdict model (DESIGN §5 contract): typed, frozen, and serialised 1:1 to the JSON that outside checks read.
+
+``Verdict.to_dict`` *is* the JSON output (``trace analyze --json``, ``<run>/verdict.json``) and ``Verdict.from_dict``
+reads it back, so a saved verdict can be re-rendered and the two never drift apart. Add fields freely; renaming or
+removing one needs a schema version bump.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["SCHEMA", "STATUSES", "KINDS", "Evidence", "Finding", "Operation", "WaitEdge", "RankState", "Verdict",
+           "compact_ranks"]
+
+SCHEMA = "ranktrace.verdict/1"
+STATUSES = ("hang", "completed", "crashed", "idle", "inconclusive")
+KINDS = ("missing_ranks", "collective_mismatch", "stuck_in_collective", "graph_capture", "init_hang", "rank_exited",
+         "blocked_outside_collective", "no_hang", "unknown")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    source: str            # events | pyspy | nccl | fr | watchdog | ras | proc | gpu | meta | server_log | ...
+    file: str | None = None
+    line: int | None = None  # line in file, or record index for binary sources
+    detail: str = ""
+    rank: int | None = None
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str
+    summary: str
+    ranks: tuple[int, ...] = ()
+    confidence: float = 0.5
+    evidence: tuple[Evidence, ...] = ()
+
+
+@dataclass(frozen=True)
+class Operation:
+    name: str
+    group: str | None = None
+    group_desc: str | None = None
+    group_ranks: tuple[int, ...] | None = None
+    seq: int | None = None
+    dtype: str | None = None
+    shape: str | None = None
+    phase: str | None = None
+    peer: int | None = None
+    callsite: str | None = None
+
+
+@dataclass(frozen=True)
+class WaitEdge:
+    rank: int
+    waits_on: tuple[int, ...]
+    op: str
+    group: str | None
+    seq: int | None
+
+
+@dataclass(frozen=True)
+class RankState:
+    state: str = "unknown"   # host_sync_wait | in_collective | blocked_other | idle_loop | running | exited | unknown
+    phase: str | None = None
+    innermost_open: str | None = None
+    stack: tuple[str, ...] = ()
+    last_op: str | None = None
+    pids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: str
+    kind: str
+    summary: str
+    operation: Operation | None = None
+    culprit_ranks: tuple[int, ...] = ()
+    waiting_ranks: tuple[int, ...] = ()
+    unobserved_ranks: tuple[int, ...] = ()
+    rank_space: str = "global"
+    wait_for: tuple[WaitEdge, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    next_steps: tuple[str, ...] = ()
+    ranks: dict[int, RankState] = field(default_factory=dict)
+    world_size: int | None = None
+    stack_tree: str = ""     # merged STAT-style tree, rendered (text)
+    inputs: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status {self.status!r} not one of {STATUSES}")
+        if self.kind not in KINDS:
+            raise ValueError(f"kind {self.kind!r} not one of {KINDS}")
+
+    def to_dict(self) -> dict[str, Any]:
+        op = None
+        if self.operation is not None:
+            op = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self.operation).items()}
+        return {
+            "schema": SCHEMA,
+            "status": self.status,
+            "kind": self.kind,
+            "summary": self.summary,
+            "operation": op,
+            "culprit_ranks": list(self.culprit_ranks),
+            "waiting_ranks": list(self.waiting_ranks),
+            "unobserved_ranks": list(self.unobserved_ranks),
+            "rank_space": self.rank_space,
+            "world_size": self.world_size,
+            "wait_for": [{"rank": e.rank, "waits_on": list(e.waits_on), "op": e.op, "group": e.group, "seq": e.seq}
+                         for e in self.wait_for],
+            "findings": [
+                {"kind": f.kind, "summary": f.summary, "ranks": list(f.ranks), "confidence": f.confidence,
+                 "evidence": [asdict(e) for e in f.evidence]}
+                for f in self.findings
+            ],
+            "next_steps": list(self.next_steps),
+            "ranks": {str(r): {**asdict(s), "stack": list(s.stack), "pids": list(s.pids)}
+                      for r, s in sorted(self.ranks.items())},
+            "stack_tree": self.stack_tree,
+            "inputs": list(self.inputs),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Verdict":
+        if d.get("schema") != SCHEMA:
+            raise ValueError(f"not a {SCHEMA} document (schema {d.get('schema')!r})")
+        op = d.get("operation")
+        operation = None
+        if op:
+            op = dict(op)
+            if op.get("group_ranks") is not None:
+                op["group_ranks"] = tuple(op["group_ranks"])
+            operation = Operation(**op)
+        return cls(
+            status=d["status"], kind=d["kind"], summary=d["summary"], operation=operation,
+            culprit_ranks=tuple(d.get("culprit_ranks", ())), waiting_ranks=tuple(d.get("waiting_ranks", ())),
+            unobserved_ranks=tuple(d.get("unobserved_ranks", ())), rank_space=d.get("rank_space", "global"),
+            wait_for=tuple(WaitEdge(e["rank"], tuple(e["waits_on"]), e["op"], e.get("group"), e.get("seq"))
+                           for e in d.get("wait_for", ())),
+            findings=tuple(Finding(f["kind"], f["summary"], tuple(f.get("ranks", ())), f.get("confidence", 0.5),
+                                   tuple(Evidence(**e) for e in f.get("evidence", ())))
+                           for f in d.get("findings", ())),
+            next_steps=tuple(d.get("next_steps", ())),
+            ranks={int(r): RankState(**{**s, "stack": tuple(s.get("stack", ())), "pids": tuple(s.get("pids", ()))})
+                   for r, s in d.get("ranks", {}).items()},
+            world_size=d.get("world_size"), stack_tree=d.get("stack_tree", ""), inputs=tuple(d.get("inputs", ())),
+        )
+
+
+def compact_ranks(ranks: "list[int] | tuple[int, ...] | set[int]") -> str:
+    """'0-6,8' style rank sets, as STAT and people write them.
+
+    >>> compact_ranks([0, 1, 2, 3, 4, 5, 6, 8])
+    '0-6,8'
+    >>> compact_ranks([])
+    ''
+    """
+    rs = sorted(set(ranks))
+    out: list[str] = []
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ",".join(out)
