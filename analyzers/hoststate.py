@@ -66,17 +66,16 @@ def latest_stacks(stacks: pa.Table) -> dict[int, RankStack]:
     st = stacks.filter(pc.is_valid(stacks["rank"]))
     if st.num_rows == 0:
         return {}
-    order = "wall_ns" if st["wall_ns"].null_count < st.num_rows else "line"
-    st = st.sort_by([(order, "ascending")])
+    st = st.sort_by([("wall_ns", "ascending"), ("file", "ascending"), ("line", "ascending")])
     rows = st.select(["rank", "pid", "thread_name", "thread_state", "frames", "native", "source", "file", "line",
                       "snapshot"]).to_pylist()
-    latest_snapshot: dict[int, str | None] = {}
-    for r in rows:
-        latest_snapshot[r["rank"]] = r["snapshot"] or r["file"]
+    latest_snapshot: dict[int, tuple[str | None, str | None]] = {}
+    for r in rows:  # burst files sort by their timestamped folder, so the last one seen is the latest
+        latest_snapshot[r["rank"]] = (r["file"], r["snapshot"])
     best: dict[int, tuple[int, RankStack]] = {}
     for r in rows:
         rank = r["rank"]
-        if (r["snapshot"] or r["file"]) != latest_snapshot[rank] or not r["frames"]:
+        if (r["file"], r["snapshot"]) != latest_snapshot[rank] or not r["frames"]:
             continue
         name = r["thread_name"] or ""
         score = 3 if name == "MainThread" else (0 if _POLLERS.search(name) else 1)

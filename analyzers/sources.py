@@ -32,7 +32,7 @@ READERS = ("ranktrace_ring", "nsys", "flight_recorder", "kineto", "nccl_ras", "f
 TEXT_READERS = frozenset({"pyspy", "faulthandler", "gdb", "watchdog", "nccl_log", "server_log", "nvidia_smi",
                           "fr_text", "nccl_ras"})
 HEAD_BYTES = 64 * 1024
-_OWN_FILES = {"meta.json", "verdict.json", "report.html", "events.arrow"}
+_OWN_FILES = {"meta.json", "verdict.json", "report.html", "events.arrow", "proc.json", "problems.txt"}
 
 
 class InputError(Exception):
@@ -124,7 +124,7 @@ def _walk(root: Path) -> list[Path]:
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        out.extend(Path(dirpath) / f for f in sorted(filenames) if not f.startswith("."))
+        out.extend(Path(dirpath) / f for f in sorted(filenames) if not f.startswith(".") and f not in _OWN_FILES)
     return out
 
 
@@ -209,9 +209,8 @@ def _fill_ranks(inputs: Inputs) -> None:
     ev = inputs.events
     known = ev.filter(pc.is_valid(ev["rank"])).select(["host", "pid", "rank"])
     pid_rank: dict[tuple[Any, Any], int] = {}
-    for h, p, r in zip(*(known.group_by(["host", "pid"]).aggregate([("rank", "max")]).column(i).to_pylist()
-                          for i in range(3))):
-        pid_rank[(h, p)] = r
+    for row in known.group_by(["host", "pid"], use_threads=False).aggregate([("rank", "max")]).to_pylist():
+        pid_rank[(row["host"], row["pid"])] = row["rank_max"]
     for h_run in inputs.hosts:  # meta.json's pid map covers processes whose ring was lost
         for pid, info in ((h_run.meta or {}).get("pids") or {}).items():
             if info.get("rank") is not None:

@@ -76,10 +76,18 @@ def _analyze_after_run(run_dir: Path) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON (DESIGN §5 contract).")
 @click.option("--perfetto", type=click.Path(path_type=Path), default=None,
               help="Also write a Chrome-trace JSON timeline (open in ui.perfetto.dev).")
-def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None) -> None:
+@click.option("--snapshot/--no-snapshot", default=True, show_default=True,
+              help="If a traced job is still running here, dump its stacks (py-spy, non-blocking) first.")
+def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None, snapshot: bool) -> None:
     """Analyze a trace directory, or any folder/files of logs and dumps, and print one verdict."""
     from analyzers import facade
     from analyzers.report import json_report, perfetto_report, text_report
+
+    if snapshot:
+        from tracer import live
+
+        for problem in live.snapshot_live([p for p in paths if p.is_dir()]):
+            _err(problem)
 
     try:
         result = facade.analyze_with_timeline(list(paths))

@@ -104,8 +104,14 @@ def install() -> None:
     state.rec_created = rec_created  # type: ignore[attr-defined]
 
     def on_c10d(module: Any) -> None:
+        try:
+            rec = state.rec  # create the ring first: if that fails, nothing gets patched at all
+        except Exception as e:
+            state.enabled = False
+            _warn_once(f"cannot write a ring under {rings} ({type(e).__name__}: {e})")
+            return
         how = hooks.install_c10d(state, module)
-        state.rec.meta({"type": "hooks", "c10d": how})
+        rec.meta({"type": "hooks", "c10d": how})
 
     def after_fork_in_child() -> None:
         state.reset_after_fork(factory)
