@@ -70,13 +70,15 @@ def train_step(dist, torch, args, rank: int, step: int, x, tp_group, world_group
         dist.broadcast(partial, src=0, group=tp_group)
     elif fault == "tp-skip" and at_fault and rank == 2:
         pass  # skips its TP all_reduce, goes straight on to the world all_reduce below
-    elif fault == "recv-deadlock" and at_fault and rank in (0, 1):
-        buf = torch.zeros(4)
-        dist.recv(buf, src=1 - rank)  # both wait to receive: nobody sends
+    elif fault == "recv-deadlock" and at_fault:
+        if rank in (0, 1):
+            buf = torch.zeros(4)
+            dist.recv(buf, src=1 - rank)  # both wait to receive: nobody sends
+        else:
+            dist.barrier()  # the others wait for everyone in a barrier
+        return
     else:
         dist.all_reduce(partial, group=tp_group)
-    if fault == "recv-deadlock" and at_fault and rank not in (0, 1):
-        dist.barrier()
     if fault == "tp-skip" or step % 2 == 1:
         dist.all_reduce(partial.sum().reshape(1), group=world_group)
 
@@ -113,6 +115,7 @@ def run_rank(rank: int, world: int, args: argparse.Namespace) -> None:
         return
     for step in range(args.steps):
         if args.fault == "die" and step == args.fault_step and rank == args.fault_rank:
+            time.sleep(1.0)  # the others are inside this step's all_reduce by now
             os._exit(7)
         train_step(dist, torch, args, rank, step, x, tp_group, None)
     dist.barrier()

@@ -117,10 +117,40 @@ def install() -> None:
         state.reset_after_fork(factory)
 
     os.register_at_fork(after_in_child=after_fork_in_child)
+    _record_process_exit(state)
     if C10D in sys.modules:
         on_c10d(sys.modules[C10D])
     else:
         sys.meta_path.insert(0, PostImportFinder({C10D: on_c10d}))
+
+
+def _record_process_exit(state: Any) -> None:
+    """Mark a voluntary exit (interpreter exit, os._exit) in the ring, so the analyzer can tell the rank that left
+    first from the ranks a launcher tore down afterwards (those die by signal and record nothing).
+
+    os._exit is wrapped, not replaced in behaviour: the mark is one ring write, then the real call.
+    """
+    import atexit
+    import threading
+
+    def mark(detail: str) -> None:
+        try:
+            if state._rec is not None and state.enabled:
+                rec = state._rec
+                rec.meta({"type": "event", "kind": "mark", "name": "process_exit", "category": "phase",
+                          "t_ns": rec.clock(), "tid": threading.get_native_id(), "detail": detail})
+        except Exception:
+            pass
+
+    atexit.register(mark, "interpreter exit")
+    real_exit = os._exit
+
+    def _exit(code: int) -> None:  # type: ignore[misc]
+        mark(f"os._exit({code})")
+        real_exit(code)
+
+    _exit.__wrapped__ = real_exit  # type: ignore[attr-defined]
+    os._exit = _exit
 
 
 def _versions() -> dict[str, Any]:

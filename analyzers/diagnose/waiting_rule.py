@@ -85,6 +85,22 @@ def waiting(ctx: Context) -> list[Candidate]:
                                        tuple(comp), conf,
                                        tuple(op_evidence(e.op) for e in g.edges if e.waiter in comp)))
     culprit_set = set(culprits)
+    early_exit_ev: list[Evidence] = []
+    marked = _exit_marks(ctx)
+    first = min((m["wall_ns"] or 0 for m in marked.values()), default=None)
+    first_error = _first_error_ns(ctx)
+    left_first = {r for r in culprit_set if r in marked and marked[r]["wall_ns"] == first
+                  and (first_error is None or (first or 0) < first_error)}
+    if left_first and left_first != culprit_set:
+        # one missing rank exited on its own before anyone else; the other missing ones died by signal later,
+        # without an exit record (a launcher tearing the job down): the one that left first is the culprit
+        torn = culprit_set - left_first
+        culprit_set = left_first
+        early_exit_ev = [Evidence("events", marked[r]["file"], marked[r]["line"],
+                                  f"exited first: {marked[r]['detail']}", r) for r in sorted(left_first)]
+        cycle_notes.append(Finding("torn_down", f"{ranks_text(torn)} never issued the op either, but only after "
+                                   f"{ranks_text(left_first)} exited first", tuple(sorted(torn)), 0.7,
+                                   tuple(early_exit_ev)))
     # reach: every rank with a path to a culprit
     reach: set[int] = set()
     frontier = set(culprit_set)
@@ -113,6 +129,9 @@ def waiting(ctx: Context) -> list[Candidate]:
     ref = next(e.op for e in into if (e.op.chan, e.op.seq, e.op.name) == key)
     waiting_on_ref = sorted({e.waiter for e in into if (e.op.chan, e.op.seq, e.op.name) == key})
     exited, exit_ev = _exited(ctx, culprit_set, into)
+    if early_exit_ev:
+        exited |= culprit_set
+        exit_ev.extend(early_exit_ev)
     kind = "rank_exited" if exited and exited >= culprit_set else "missing_ranks"
     culprit_where = []
     for r in sorted(culprit_set):
@@ -182,6 +201,22 @@ def _last_issued(ctx: Context, rank: int, chan: str) -> Evidence | None:
     return Evidence(last["source"] or "events", last["file"], last["line"],
                     f"its last op on group {last['group']} was {last['name']} seq {last['seq']} at {last['callsite']}",
                     rank)
+
+
+def _first_error_ns(ctx: Context) -> int | None:
+    import pyarrow.compute as pc
+
+    ev = ctx.events
+    errs = ev.filter(pc.equal(ev["kind"], "error"))["wall_ns"]
+    return pc.min(errs).as_py() if len(errs) else None
+
+
+def _exit_marks(ctx: Context) -> dict[int, dict]:
+    import pyarrow.compute as pc
+
+    ev = ctx.events
+    marks = ev.filter(pc.and_(pc.equal(ev["kind"], "mark"), pc.equal(ev["name"], "process_exit")))
+    return {r["rank"]: r for r in marks.to_pylist() if r["rank"] is not None}
 
 
 def _exited(ctx: Context, culprits: set[int], into: list[waitfor.Edge]) -> tuple[set[int], list[Evidence]]:

@@ -116,7 +116,9 @@ def ring_to_events(rc: rf.RingContents, host: str, file: str) -> pa.Table:
             continue
         g = m.get("group")
         ginfo = groups.get(g, {}) if g else {}
-        detail = {k: v for k, v in m.items() if k in ("backend", "ranks", "world", "rank", "detail")}
+        detail = {k: v for k, v in m.items() if k in ("backend", "ranks", "world", "rank")}
+        if m.get("detail"):
+            detail["detail"] = m["detail"]
         meta_rows.append(
             {
                 "host": host, "pid": rc.pid, "tid": m.get("tid"), "rank": rank, "world": world,
