@@ -29,12 +29,12 @@ _ALIASES = {
     "reducescatterbase": "reduce_scatter_tensor",
     "reducescattertensorcoalesced": "reduce_scatter_tensor",
     "alltoall": "all_to_all",
-    "alltoall_base": "all_to_all_single",
+    "alltoallbase": "all_to_all_single",
     "alltoallv": "all_to_all_single",
     "bcast": "broadcast",
     "sendrecv": "send",
-    "allreduce_coalesced": "all_reduce_coalesced",
-    "allgather_coalesced": "all_gather_coalesced",
+    "allreducecoalesced": "all_reduce_coalesced",
+    "allgathercoalesced": "all_gather_coalesced",
 }
 
 
@@ -47,6 +47,8 @@ def canonical_op(raw: str) -> str:
     ('send', 'reduce_scatter', 'broadcast')
     >>> canonical_op("nccl:_all_gather_base"), canonical_op("nccl:_reduce_scatter_base")
     ('all_gather_into_tensor', 'reduce_scatter_tensor')
+    >>> canonical_op("_ALLGATHER_BASE"), canonical_op("ALLTOALL_BASE"), canonical_op("ALLREDUCE_COALESCED")
+    ('all_gather_into_tensor', 'all_to_all_single', 'all_reduce_coalesced')
     """
     s = raw.strip()
     if ":" in s:  # backend prefix: nccl:, gloo:, xccl:, record_param_comms-style names
@@ -59,10 +61,8 @@ def canonical_op(raw: str) -> str:
     if s in COLLECTIVE_OPS or s in P2P_OPS:
         return s
     squashed = s.replace("_", "")
-    if squashed in _ALIASES:
+    if squashed in _ALIASES:  # alias keys are written without underscores
         return _ALIASES[squashed]
-    if s in _ALIASES:
-        return _ALIASES[s]
     for name in COLLECTIVE_OPS | P2P_OPS:
         if name.replace("_", "") == squashed:
             return name

@@ -124,7 +124,8 @@ def _walk(root: Path) -> list[Path]:
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        out.extend(Path(dirpath) / f for f in sorted(filenames) if not f.startswith(".") and f not in _OWN_FILES)
+        out.extend(Path(dirpath) / f for f in sorted(filenames)
+                   if not f.startswith(".") and f not in _OWN_FILES and not f.upper().startswith("README"))
     return out
 
 

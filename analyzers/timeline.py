@@ -9,7 +9,9 @@ Completion (DESIGN §2 — a call that returned is not an op that finished):
 1. a ``complete`` row (Flight Recorder state completed, CUDA event, kernel end) completes the op;
 2. on gloo a blocking call that *returned* (``exit``) has finished — gloo does the work inside the call;
 3. on gloo, an op followed by a later op on the same channel of the same rank has finished (FR's gloo entries stay
-   "scheduled" forever, platform-notes);
+   "scheduled" forever, platform-notes); the same inference is made for sources that never report completion at
+   all (NCCL COLL log lines, watchdog lines): ops that matched and were followed by more ops on the communicator
+   are taken as done, so the wait-for engine looks at the last op each rank issued, where ranks diverge;
 4. nothing else: an NCCL ``exit`` means enqueued; ``error`` means the call failed (typically a timeout) — not done.
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ from analyzers import schema
 __all__ = ["OPS", "build_ops", "OpenSpan", "open_spans", "last_phase", "BLOCKING_COMPLETE_BACKENDS"]
 
 BLOCKING_COMPLETE_BACKENDS = ("gloo",)
+NO_COMPLETION_SOURCES = ("nccl", "watchdog")
 
 OPS = pa.schema(
     [
@@ -98,7 +101,8 @@ def build_ops(events: pa.Table) -> pa.Table:
     joined = agg.select(["rank", "chan", "seq"]).append_column("i", pa.array(range(agg.num_rows), pa.int64())).join(
         last_seq, keys=["rank", "chan"], use_threads=False)
     joined = joined.sort_by("i")
-    superseded = pc.and_(pc.less(joined["seq"], joined["seq_max"]), gloo)
+    no_completion_info = pc.is_in(pc.fill_null(agg["source"], ""), value_set=pa.array(NO_COMPLETION_SOURCES))
+    superseded = pc.and_(pc.less(joined["seq"], joined["seq_max"]), pc.or_(gloo, no_completion_info))
     completed = pc.and_(pc.or_(completed, superseded), pc.invert(pc.and_(errored, pc.invert(complete_row))))
     out = {
         "rank": agg["rank"], "chan": agg["chan"], "seq": agg["seq"],
@@ -137,13 +141,16 @@ def open_spans(events: pa.Table) -> list[OpenSpan]:
     ev = events.filter(pc.and_(pc.is_valid(events["span_id"]), pc.not_equal(events["span_id"], 0)))
     if ev.num_rows == 0:
         return []
-    closing = ev.filter(pc.is_in(ev["kind"], value_set=pa.array(["exit", "error"]))).select(["host", "pid", "span_id"])
+    # spans are per process; the ring file names the process even when pids repeat (reuse, fixtures)
+    closing = ev.filter(pc.is_in(ev["kind"], value_set=pa.array(["exit", "error"]))).select(
+        ["host", "pid", "file", "span_id"])
     opens = ev.filter(pc.equal(ev["kind"], "enter")).select(
         ["host", "rank", "pid", "tid", "name", "category", "group", "seq", "t_ns", "callsite", "capturing", "graph_id",
          "source", "file", "line", "detail", "span_id"])
     if closing.num_rows:
         closing = closing.append_column("closed", pa.array([True] * closing.num_rows))
-        opens = opens.join(closing, keys=["host", "pid", "span_id"], join_type="left outer", use_threads=False)
+        opens = opens.join(closing, keys=["host", "pid", "file", "span_id"], join_type="left outer",
+                           use_threads=False)
         opens = opens.filter(pc.is_null(opens["closed"]))
     opens = opens.sort_by("t_ns")
     rows = opens.select(["rank", "pid", "tid", "name", "category", "group", "seq", "t_ns", "callsite", "capturing",

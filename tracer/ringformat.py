@@ -152,6 +152,9 @@ def _read_slots(buf: mmap.mmap, ops_offset: int, slot_size: int, slots: int, rc:
         if m.get("type") == "str":
             rc.strings[int(m["id"])] = m["v"]
     avail = min(slots, max(0, (len(buf) - ops_offset) // slot_size))
+    if avail == 0:  # a file cut inside its meta region: no op slot survived
+        rc.slots = np.zeros(0, dtype=slot_dtype())
+        return
     arr = np.frombuffer(buf, dtype=slot_dtype(), count=avail, offset=ops_offset).copy()
     # seqlock: re-read the commit words after copying; a slot whose word changed was being rewritten
     again = np.frombuffer(buf, dtype=slot_dtype(), count=avail, offset=ops_offset)["commit"].copy()

@@ -15,7 +15,8 @@ from analyzers.diagnose.blocked_rule import blocked_outside
 from analyzers.diagnose.candidate import Candidate, ranks_text
 from analyzers.diagnose.context import Context, build_context
 from analyzers.diagnose.graph_rule import graph_capture
-from analyzers.diagnose.init_rule import init_hang
+from analyzers.diagnose.init_rule import init_hang, nccl_init_hang
+from analyzers.diagnose.stacks_rule import stacks_only
 from analyzers.diagnose.waiting_rule import mismatch, stuck, waiting
 from analyzers.sources import Inputs
 from analyzers.verdict import Evidence, Finding, RankState, Verdict
@@ -23,7 +24,8 @@ from analyzers.verdict import Evidence, Finding, RankState, Verdict
 __all__ = ["RULES", "diagnose", "build_context"]
 
 Rule = Callable[[Context], list[Candidate]]
-RULES: list[Rule] = [init_hang, graph_capture, mismatch, waiting, stuck, blocked_outside]
+RULES: list[Rule] = [init_hang, nccl_init_hang, graph_capture, mismatch, waiting, stuck, stacks_only,
+                     blocked_outside]
 
 
 def diagnose(inputs: Inputs, ctx: Context | None = None) -> Verdict:
@@ -106,7 +108,7 @@ def _no_primary(ctx: Context, status: str) -> tuple[str, str, list[str]]:
         code = f"signal {job.signal}" if job.signal else f"status {job.exit_code}"
         return ("unknown", f"The job ended with {code}; no collective was left pending, so this is a crash, not a "
                 f"hang.", ["Read the job's stderr for the first exception or signal."])
-    if job.traced and not job.live_pids and not job.ended:
+    if job.traced and job.local and not job.live_pids and not job.ended:
         return ("unknown", "The run has no exit status and none of its processes is alive here: the trace is "
                 "incomplete (trace run killed, or analyzed on another host).", [])
     return ("unknown", "Nothing pending and no stacks that show a blocked rank: not enough evidence for a verdict.",
@@ -131,8 +133,8 @@ def _rank_table(ctx: Context) -> dict[int, RankState]:
                 state = "in_collective"
             elif ctx.job.traced and ctx.job.ended:
                 state = "exited"
-            elif ctx.job.traced and ctx.rank_pids.get(r) and not any(p in ctx.job.live_pids
-                                                                      for p in ctx.rank_pids[r]):
+            elif ctx.job.traced and ctx.job.local and ctx.rank_pids.get(r) and not any(
+                    p in ctx.job.live_pids for p in ctx.rank_pids[r]):
                 state = "exited"
             else:
                 state = "unknown"

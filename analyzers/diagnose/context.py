@@ -27,6 +27,7 @@ class JobStatus:
     exit_code: int | None
     signal: int | None
     live_pids: tuple[int, ...] = ()
+    local: bool = False  # the run's processes would be visible here (same host), so "not alive" means gone
 
 
 @dataclass
@@ -115,14 +116,15 @@ def _job_status(inputs: Inputs) -> JobStatus:
     exit_code = max((c.get("exit_code") for c in codes if c.get("exit_code") is not None), default=None)
     sig = next((c.get("signal") for c in codes if c.get("signal")), None)
     live: list[int] = []
+    host = os.uname().nodename
+    local = all((h.meta or {}).get("hostname") == host for h in inputs.hosts)
     if not ended:
-        host = os.uname().nodename
         for h in inputs.hosts:
-            if (h.meta or {}).get("hostname") in (None, host):
+            if (h.meta or {}).get("hostname") == host:
                 live.extend(int(p) for p in ((h.meta or {}).get("pids") or {}) if _pid_alive(int(p)))
                 live.extend(int(r.stem.split("-")[0]) for r in (h.host_dir / "rings").glob("*.ring")
                             if r.stem.split("-")[0].isdigit() and _pid_alive(int(r.stem.split("-")[0])))
-    return JobStatus(True, ended, exit_code, sig, tuple(sorted(set(live))))
+    return JobStatus(True, ended, exit_code, sig, tuple(sorted(set(live))), local)
 
 
 def build_context(inputs: Inputs) -> Context:

@@ -64,3 +64,42 @@ def init_hang(ctx: Context) -> list[Candidate]:
                       operation=Operation(name=name, phase="init"),
                       wait_for=tuple(WaitEdge(r, never, name, None, None) for r in waiting if never),
                       findings=findings, next_steps=steps)]
+
+
+def nccl_init_hang(ctx: Context) -> list[Candidate]:
+    """A communicator whose NCCL init started on some ranks and never completed on some (NCCL log evidence).
+
+    Ranks are communicator ranks (``rank_space`` may be ``comm:<id>``); ranks of the communicator that never even
+    printed Init START are reported as never having joined.
+    """
+    starts = ctx.observations("nccl_init_start")
+    if not starts:
+        return []
+    completes = ctx.observations("nccl_init_complete")
+    out: list[Candidate] = []
+    for comm in sorted({s["group"] for s in starts if s["group"]}):
+        started = {s["rank"]: s for s in starts if s["group"] == comm and s["rank"] is not None}
+        done = {c["rank"] for c in completes if c["group"] == comm and c["rank"] is not None}
+        nranks = max((s["value"] or 0 for s in starts if s["group"] == comm), default=0)
+        members = set(range(nranks)) if nranks else set(started)
+        stuck = sorted(set(started) - done)
+        never = sorted(members - set(started) - done)
+        if not stuck and not never:
+            continue
+        culprits = tuple(stuck or never)
+        waiting = tuple(sorted(done))
+        what = (f"{ranks_text(stuck)} started NCCL init of communicator {comm} and never completed it"
+                if stuck else f"{ranks_text(never)} never started NCCL init of communicator {comm}")
+        summary = what + (f" while {ranks_text(waiting)} completed it" if waiting else "")
+        ev = [Evidence(s["source"] or "nccl", s["file"], s["line"], f"Init START comm {comm} nranks {s['value']}", r)
+              for r, s in sorted(started.items()) if r in stuck]
+        ev += [Evidence(c["source"] or "nccl", c["file"], c["line"], f"Init COMPLETE comm {comm}", c["rank"])
+               for c in completes if c["group"] == comm][:8]
+        steps = [f"Read the NCCL INIT/BOOTSTRAP lines of {ranks_text(culprits)} after Init START: the last one names "
+                 f"the step (bootstrap connect, topology, transport setup) it never finished; check that rank's "
+                 f"network interface (NCCL_SOCKET_IFNAME) and GPU."]
+        out.append(Candidate("init_hang", summary, culprits=culprits, waiting=waiting,
+                             operation=Operation(name="nccl_comm_init", group=comm, group_ranks=tuple(sorted(members)),
+                                                 phase="init"),
+                             findings=[Finding("init_hang", summary, culprits, 0.8, tuple(ev))], next_steps=steps))
+    return out

@@ -19,7 +19,8 @@ What comes out (reference: ``shared/reference/formats.md`` §2):
     ``key=value`` tokens (:data:`NVTX_TOKENS`); every other range is ``category="user"`` with its raw text as
     ``name``. NVTX marks → ``mark``.
   - NCCL kernels (short name ``nccl*``: ``ncclDevKernel_AllReduce_Sum_f32_RING_LL``, ``ncclKernel_...``) →
-    ``enter`` at kernel start and ``exit`` at kernel end with ``state="completed"`` (the GPU finished it).
+    ``enter`` at kernel start and ``complete`` at kernel end with ``state="completed"`` (the GPU finished it: a
+    ``complete`` row, as schema.py defines, never an ``exit``, which only means a host call returned).
     ``category`` p2p for SendRecv kernels, else collective. When the launching CUDA call lies inside an op range
     on the launching thread, the kernel rows take that range's ``name``/``group``/``seq`` (so rank 0's completed
     kernel of ``all_reduce`` seq 12 lines up with rank 1's), else ``name = canonical_op(<kernel op>)``.
@@ -695,7 +696,7 @@ class _Export:
                 common = dict(line=rowid, detail=detail, graph_id=graph_id, **fields)
                 rows.append(self._event(pid, tid, start, "enter", **common))
                 if stop is not None:
-                    rows.append(self._event(pid, tid, stop, "exit", state="completed", **common))
+                    rows.append(self._event(pid, tid, stop, "complete", state="completed", **common))
             self._emit_events(rows)
         if device != "NULL":
             rows = []

@@ -92,7 +92,7 @@ class TestRealExport:
         kernels = [r for r in real.events.to_pylist()
                    if (r["detail"] or "").startswith("kernel ncclDevKernel_SendRecv")]
         enters = [r for r in kernels if r["kind"] == "enter"]
-        exits = [r for r in kernels if r["kind"] == "exit"]
+        exits = [r for r in kernels if r["kind"] == "complete"]
         assert len(enters) == len(exits) == 66
         assert {r["pid"] for r in enters} == {144, 145}
         assert {r["state"] for r in exits} == {"completed"}
@@ -163,7 +163,7 @@ class TestHangScenario:
 
     def test_completed_kernels_align_with_ranges(self, hang: tuple[Path, nsys.ReadResult]) -> None:
         _, result = hang
-        done = rows(result.events, kind="exit", state="completed")
+        done = rows(result.events, kind="complete", state="completed")
         assert sorted((r["rank"], r["seq"]) for r in done) == [(0, 10), (0, 11), (1, 10), (1, 11)]
         assert {r["dtype"] for r in done} == {"float32"}
 
@@ -212,7 +212,7 @@ class TestVariants:
         reasons = " | ".join(s.reason for s in result.skipped)
         for table in ("NVTX_EVENTS", "TARGET_INFO_GPU", "ProcessStreams", "TARGET_INFO_SESSION_START_TIME"):
             assert f"table {table} absent" in reasons
-        kernels = rows(result.events, kind="exit", state="completed")
+        kernels = rows(result.events, kind="complete", state="completed")
         assert len(kernels) == 4 and {r["seq"] for r in kernels} == {None}   # no ranges left to align them
         assert {r["wall_ns"] for r in kernels} == {None}
         pending = rows(result.events, detail=nsys.NO_COMPLETION)
