@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["RankStack", "latest_stacks", "classify", "HOST_STATES"]
+__all__ = ["RankStack", "latest_stacks", "classify", "is_poller", "application_frame", "HOST_STATES"]
 
 HOST_STATES = ("host_sync_wait", "in_collective", "blocked_other", "idle_loop", "running", "exited", "unknown")
 
@@ -45,6 +45,23 @@ class RankStack:
     source: str | None
     file: str | None
     line: int | None
+
+
+_LIBRARY = re.compile(r"site-packages|dist-packages|/lib/python\d|/torch/|<frozen|^<|\(threading\.py|\(queue\.py|"
+                      r"\(selectors\.py|\(socket\.py|ranktrace|tracer/hooks\.py")
+
+
+def application_frame(frames: tuple[str, ...]) -> str | None:
+    """Innermost frame of the program itself (not the stdlib, torch or site-packages)."""
+    for f in frames:
+        if not _LIBRARY.search(f):
+            return f
+    return None
+
+
+def is_poller(thread_name: str | None, frames: tuple[str, ...] = ()) -> bool:
+    """Threads that poll by design (NCCL watchdog/proxy, gloo runloop, zmq, ranktrace): never a rank's progress."""
+    return bool(thread_name and _POLLERS.search(thread_name))
 
 
 def classify(frames: tuple[str, ...], thread_state: str | None = None) -> str:

@@ -12,7 +12,7 @@ TP group, and every few steps an all_gather of a metric over the world. ``--faul
   tp-skip        TP groups {0,1},{2,3}; rank 2 skips its TP all_reduce, then everyone meets in a world all_reduce
   recv-deadlock  ranks 0 and 1 both recv from each other while the others wait in a barrier
   queue          every rank blocks in a queue get (a server waiting for work that never comes)
-  compute        no collectives: compute for --hang-seconds, then finish (not a hang)
+  compute        a few collectives, then compute for --hang-seconds with none, then finish (not a hang)
   slowload       sleep --hang-seconds in "load_weights" before the first collective, then run normally
 
 Runs its own ranks with torch.multiprocessing.spawn, or one rank per process under torchrun (RANK set).
@@ -103,10 +103,13 @@ def run_rank(rank: int, world: int, args: argparse.Namespace) -> None:
         tp_group = None
     torch.manual_seed(rank)
     x = torch.randn(args.dim // world, args.dim)
-    if args.fault == "compute":
+    if args.fault == "compute":  # a few collectives, a long compute phase with none, then one more
+        for _ in range(2):
+            dist.all_reduce(x)
         deadline = time.monotonic() + args.hang_seconds
         while time.monotonic() < deadline:
-            x = torch.tanh(x @ x.T @ x) if x.shape[0] <= x.shape[1] else x
+            x = torch.tanh(x @ x.T @ x)
+        dist.all_reduce(x)
         dist.destroy_process_group()
         return
     if args.fault == "queue":

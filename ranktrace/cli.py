@@ -33,16 +33,28 @@ def main() -> None:
 @click.option("--nccl-coll", is_flag=True, help="Add COLL to NCCL_DEBUG_SUBSYS (one line per collective).")
 @click.option("--analyze/--no-analyze", default=True, show_default=True,
               help="Analyze the trace when the job ends and write <run>/verdict.json.")
+@click.option("--hang-after", type=click.FloatRange(min=1), default=60.0, show_default=True,
+              help="Seconds without progress (after the first collective) that count as a hang.")
+@click.option("--startup-hang-after", type=click.FloatRange(min=1), default=600.0, show_default=True,
+              help="The same before the first collective: weight loading can take minutes.")
+@click.option("--on-hang", type=click.Choice(["report", "kill", "wait"]), default="report", show_default=True,
+              help="report: print the verdict and keep watching; kill: terminate the job and exit 3; wait: record.")
+@click.option("--native-stacks", is_flag=True, help="Hang-time py-spy dumps with --native (slower, C++ frames).")
+@click.option("--monitor/--no-monitor", default=True, show_default=True, help="Watch for silence while it runs.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll: bool, analyze: bool,
+        hang_after: float, startup_hang_after: float, on_hang: str, native_stacks: bool, monitor: bool,
         command: tuple[str, ...]) -> None:
     """Run COMMAND with every rank traced: trace run [OPTIONS] -- CMD ARGS..."""
     from tracer import finalize, launcher, meta
+    from tracer.monitor import MonitorOptions
 
     opts = launcher.RunOptions(command=tuple(command), out=output, name=name, nccl_debug=nccl_debug,
                                nccl_coll=nccl_coll)
+    mon = MonitorOptions(hang_after=hang_after, startup_hang_after=max(startup_hang_after, hang_after),
+                         on_hang=on_hang, native_stacks=native_stacks) if monitor else None
     try:
-        outcome = launcher.launch(opts)
+        outcome = launcher.launch(opts, monitor_opts=mon)
     except launcher.LaunchError as e:
         _err(str(e))
         sys.exit(EXIT_USAGE)
@@ -53,20 +65,25 @@ def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll
         meta.update_meta(outcome.host_dir, pids=fin["pids"], versions=versions, finalize_problems=fin["problems"])
     except Exception as e:  # the job's status must come through whatever happens to us
         _err(f"could not finalize the trace in {outcome.host_dir}: {type(e).__name__}: {e}")
-    if analyze:
-        _analyze_after_run(outcome.run_dir)
+    if analyze:  # after --on-hang kill the hang report was already printed: only refresh verdict.json
+        _analyze_after_run(outcome.run_dir, show=not outcome.killed_on_hang)
+    if outcome.killed_on_hang:
+        _err(f"hang detected and the job terminated (--on-hang kill): exit code 3 is ranktrace's "
+             f"({launcher.describe_exit(outcome.returncode).split(';')[0]}); trace in {outcome.run_dir}")
+        sys.exit(3)
     _err(f"{launcher.describe_exit(outcome.returncode)}; trace in {outcome.run_dir}")
     sys.exit(outcome.exit_code)
 
 
-def _analyze_after_run(run_dir: Path) -> None:
+def _analyze_after_run(run_dir: Path, show: bool = True) -> None:
     try:
         from analyzers import facade
         from analyzers.report import json_report, text_report
 
         verdict = facade.analyze_paths([run_dir])
         (run_dir / "verdict.json").write_text(json_report.render(verdict))
-        click.echo(text_report.render(verdict), err=True)
+        if show:
+            click.echo(text_report.render(verdict), err=True)
     except Exception as e:
         _err(f"analysis failed: {type(e).__name__}: {e}")
 
@@ -100,6 +117,53 @@ def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None, snaps
     verdict = result.verdict
     if perfetto is not None:
         perfetto.write_text(perfetto_report.render(result))
+    click.echo(json_report.render(verdict) if as_json else text_report.render(verdict))
+    sys.exit(facade.exit_code(verdict))
+
+
+@main.command()
+@click.argument("pids", nargs=-1, required=True, type=int)
+@click.option("-o", "--output", "out_base", type=click.Path(path_type=Path), default=Path("traces"),
+              show_default=True, help="Where the attach trace directory is created.")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
+def attach(pids: tuple[int, ...], out_base: Path, as_json: bool) -> None:
+    """Diagnose a running job not started under ranktrace: PIDS are the launcher or any ranks."""
+    import os as _os
+
+    from analyzers import facade
+    from analyzers.report import json_report, text_report
+    from tracer import attach as attach_mod
+
+    missing = [p for p in pids if not _os.path.exists(f"/proc/{p}")]
+    if missing:
+        _err(f"no such process: {', '.join(map(str, missing))}")
+        sys.exit(EXIT_USAGE)
+    res = attach_mod.attach(list(pids), out_base)
+    for problem in res.problems:
+        _err(problem)
+    verdict = facade.analyze_paths([res.run_dir])
+    (res.run_dir / "verdict.json").write_text(json_report.render(verdict))
+    click.echo(json_report.render(verdict) if as_json else text_report.render(verdict))
+    _err(f"attached to {len(res.pids)} process(es); evidence in {res.run_dir}")
+    sys.exit(facade.exit_code(verdict))
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
+def snapshot(run_dir: Path, as_json: bool) -> None:
+    """Force a capture burst on a running `trace run` and print the verdict now."""
+    from analyzers import facade
+    from analyzers.report import json_report, text_report
+    from tracer import live
+
+    hosts = live.host_dirs(run_dir)
+    if not hosts or not any(live.live_pids(h) for h in hosts):
+        _err(f"{run_dir}: no live traced job here (finished, or not a trace run directory)")
+        sys.exit(EXIT_USAGE)
+    for problem in live.snapshot_live([run_dir], reason="trace snapshot"):
+        _err(problem)
+    verdict = facade.analyze_paths([run_dir])
     click.echo(json_report.render(verdict) if as_json else text_report.render(verdict))
     sys.exit(facade.exit_code(verdict))
 

@@ -1,12 +1,13 @@
 """Shared test fixtures: where the real sample files live."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+SHARED = Path(os.environ.get("RANKTRACE_SHARED", REPO.parent / "shared"))
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from tracer import envplan, hostinfo, meta
+from tracer.monitor import Monitor, MonitorOptions
 
 __all__ = ["RunOptions", "LaunchError", "RunOutcome", "prepare_run_dir", "launch", "exit_code_of", "describe_exit"]
 
@@ -56,6 +57,8 @@ class RunOutcome:
     run_dir: Path
     host_dir: Path
     pids: dict[str, object] = field(default_factory=dict)
+    killed_on_hang: bool = False   # --on-hang kill ended the job (trace run then exits 3)
+    hang_detected: bool = False
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -160,10 +163,10 @@ def _children_of(pid: int) -> list[int]:
 def launch(
     opts: RunOptions,
     *,
-    on_start: Callable[[subprocess.Popen, Path], None] | None = None,
-    on_tick: Callable[[], None] | None = None,
+    monitor_opts: "MonitorOptions | None" = None,
     tick_s: float = 0.1,
     log: Callable[[str], None] = lambda s: sys.stderr.write(f"[ranktrace] {s}\n"),
+    show: Callable[[str], None] = lambda s: sys.stderr.write(s),
 ) -> RunOutcome:
     """Run the command to completion under tracing. LaunchError for problems found before it starts."""
     check_command(opts.command)
@@ -187,20 +190,57 @@ def launch(
         raise LaunchError(f"cannot run {opts.command[0]!r}: {e.strerror or e}") from e
     pgid = proc.pid
     received: list[int] = []
+    mon = Monitor(run_dir, host_dir, monitor_opts, log=log, show=show) if monitor_opts else None
+    pending_interrupt: list[int] = []
 
-    def forward(signum: int, _frame: object) -> None:
-        received.append(signum)
+    def send(signum: int) -> None:
         try:
             os.killpg(pgid, signum)
         except ProcessLookupError:
             pass
 
+    def forward(signum: int, _frame: object) -> None:
+        received.append(signum)
+        # First Ctrl-C while the job is silent: capture first (<= 3 s), then forward; a second one goes at once.
+        if (signum == signal.SIGINT and mon is not None and not pending_interrupt and received.count(signal.SIGINT) == 1
+                and mon.silent_for() >= 3.0):
+            pending_interrupt.append(signum)
+            return
+        send(signum)
+
+    def on_tick() -> None:
+        if pending_interrupt:
+            if received.count(signal.SIGINT) == 1:
+                log("Ctrl-C while the job is silent: capturing first (press Ctrl-C again to skip)")
+                try:
+                    mon.on_silence(mon.silent_for(), reason="ctrl-c")  # type: ignore[union-attr]
+                except Exception as e:
+                    log(f"capture failed: {type(e).__name__}: {e}")
+            pending_interrupt.clear()
+            send(signal.SIGINT)
+            return
+        if mon is None:
+            return
+        try:
+            mon.tick()
+        except Exception as e:  # the watchdog must never take the job down
+            log(f"monitor error (monitoring off): {type(e).__name__}: {e}")
+            return
+        if mon.kill_requested and not killed:
+            killed.append(time.monotonic())
+            log("--on-hang kill: terminating the job")
+            send(signal.SIGTERM)
+        elif killed and len(killed) == 1 and time.monotonic() - killed[0] > 5.0:
+            killed.append(time.monotonic())
+            log("the job ignored SIGTERM for 5 s: SIGKILL")
+            send(signal.SIGKILL)
+
+    killed: list[float] = []
+
     previous = {s: signal.signal(s, forward) for s in FORWARDED}
     gpu_box: dict[str, hostinfo.GpuInfo] = {}
     gpu_thread = threading.Thread(target=lambda: gpu_box.setdefault("info", hostinfo.probe_gpus()), daemon=True)
     gpu_thread.start()
-    if on_start is not None:
-        on_start(proc, host_dir)
     try:
         returncode = _wait(proc.pid, on_tick, tick_s)
         proc.returncode = returncode
@@ -218,14 +258,16 @@ def launch(
         host_dir,
         end_wall_ns=time.time_ns(),
         exit={"returncode": returncode, "exit_code": exit_code_of(returncode),
-              "signal": -returncode if returncode < 0 else None, "signals_forwarded": received},
+              "signal": -returncode if returncode < 0 else None, "signals_forwarded": received,
+              "killed_on_hang": bool(killed)},
         gpus=gpu.gpus if gpu else [],
         driver={"version": gpu.driver, "cuda": gpu.cuda_driver} if gpu else None,
     )
-    return RunOutcome(exit_code_of(returncode), returncode, run_dir, host_dir)
+    return RunOutcome(exit_code_of(returncode), returncode, run_dir, host_dir, killed_on_hang=bool(killed),
+                      hang_detected=bool(mon and mon.hang_detected))
 
 
-def _wait(pid: int, on_tick: Callable[[], None] | None, tick_s: float) -> int:
+def _wait(pid: int, on_tick: Callable[[], None], tick_s: float) -> int:
     """Reap every child (we are a subreaper) until `pid` exits; call on_tick between polls."""
     while True:
         try:
@@ -235,8 +277,7 @@ def _wait(pid: int, on_tick: Callable[[], None] | None, tick_s: float) -> int:
         if got == pid:
             return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
         if got == 0:
-            if on_tick is not None:
-                on_tick()
+            on_tick()
             time.sleep(tick_s)
 
 

@@ -77,6 +77,8 @@ def _serving(ctx: Context) -> bool:
 def _status(ctx: Context, primary: Candidate | None) -> str:
     job = ctx.job
     if job.traced and job.ended:
+        if job.killed_on_hang:
+            return "hang" if primary is not None else "inconclusive"
         if job.exit_code == 0 and primary is None:
             return "completed"
         return "crashed" if (job.exit_code or job.signal) else ("hang" if primary else "completed")

@@ -28,6 +28,7 @@ class JobStatus:
     signal: int | None
     live_pids: tuple[int, ...] = ()
     local: bool = False  # the run's processes would be visible here (same host), so "not alive" means gone
+    killed_on_hang: bool = False  # ranktrace's --on-hang kill ended it: the job was hung, not crashed
 
 
 @dataclass
@@ -124,7 +125,8 @@ def _job_status(inputs: Inputs) -> JobStatus:
                 live.extend(int(p) for p in ((h.meta or {}).get("pids") or {}) if _pid_alive(int(p)))
                 live.extend(int(r.stem.split("-")[0]) for r in (h.host_dir / "rings").glob("*.ring")
                             if r.stem.split("-")[0].isdigit() and _pid_alive(int(r.stem.split("-")[0])))
-    return JobStatus(True, ended, exit_code, sig, tuple(sorted(set(live))), local)
+    killed = any(c.get("killed_on_hang") for c in codes)
+    return JobStatus(True, ended, exit_code, sig, tuple(sorted(set(live))), local, killed)
 
 
 def build_context(inputs: Inputs) -> Context:

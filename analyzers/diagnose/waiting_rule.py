@@ -87,20 +87,22 @@ def waiting(ctx: Context) -> list[Candidate]:
     culprit_set = set(culprits)
     early_exit_ev: list[Evidence] = []
     marked = _exit_marks(ctx)
-    first = min((m["wall_ns"] or 0 for m in marked.values()), default=None)
     first_error = _first_error_ns(ctx)
-    left_first = {r for r in culprit_set if r in marked and marked[r]["wall_ns"] == first
-                  and (first_error is None or (first or 0) < first_error)}
-    if left_first and left_first != culprit_set:
-        # one missing rank exited on its own before anyone else; the other missing ones died by signal later,
-        # without an exit record (a launcher tearing the job down): the one that left first is the culprit
-        torn = culprit_set - left_first
-        culprit_set = left_first
+    # culprits whose process exited on its own before any waiter's call failed: they left, nobody timed out
+    left = {r for r in culprit_set if r in marked and (first_error is None or (marked[r]["wall_ns"] or 0) < first_error)}
+    if left:
+        first = min(marked[r]["wall_ns"] or 0 for r in left)
+        left_first = {r for r in left if (marked[r]["wall_ns"] or 0) == first}
         early_exit_ev = [Evidence("events", marked[r]["file"], marked[r]["line"],
                                   f"exited first: {marked[r]['detail']}", r) for r in sorted(left_first)]
-        cycle_notes.append(Finding("torn_down", f"{ranks_text(torn)} never issued the op either, but only after "
-                                   f"{ranks_text(left_first)} exited first", tuple(sorted(torn)), 0.7,
-                                   tuple(early_exit_ev)))
+        if left_first != culprit_set:
+            # the other missing ranks died later, by signal and without an exit record (a launcher tearing the
+            # job down): the one that left first is the culprit
+            torn = culprit_set - left_first
+            culprit_set = left_first
+            cycle_notes.append(Finding("torn_down", f"{ranks_text(torn)} never issued the op either, but only "
+                                       f"after {ranks_text(left_first)} exited first", tuple(sorted(torn)), 0.7,
+                                       tuple(early_exit_ev)))
     # reach: every rank with a path to a culprit
     reach: set[int] = set()
     frontier = set(culprit_set)

@@ -1,0 +1,94 @@
+"""The live watchdog in `trace run` and `trace attach`, on real 4-rank gloo jobs that really hang.
+
+Gloo timeouts are set far beyond the test, so only ranktrace can end these hangs (--on-hang kill).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from tests.helpers import EXAMPLE, PY, TRACE, run_trace, trace_env
+
+
+def job(fault: str, *extra: str) -> list[str]:
+    return ["--", PY, str(EXAMPLE), "--world", "4", "--steps", "6", "--fault", fault, "--timeout", "300", *extra]
+
+
+def test_skip_is_caught_live_killed_and_explained(tmp_path: Path):
+    run = tmp_path / "r"
+    t0 = time.monotonic()
+    res = run_trace(["run", "-o", str(run), "--hang-after", "5", "--on-hang", "kill"] + job("skip", "--hang-seconds",
+                                                                                              "300"))
+    elapsed = time.monotonic() - t0
+    assert res.returncode == 3, res.stderr[-2000:]
+    assert elapsed < 5 + 10 + 20  # hang-after + 10 s, plus start-up of 4 ranks on 2 cores
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("[ranktrace]")]
+    early = next(ln for ln in lines if "s silent:" in ln)
+    assert "ranks 0-2 in all_reduce group 0 seq 5" in early
+    assert "exit code 3 is ranktrace's" in lines[-1]
+    v = json.loads((run / "verdict.json").read_text())
+    assert (v["status"], v["kind"], v["culprit_ranks"], v["waiting_ranks"]) == ("hang", "missing_ranks", [3],
+                                                                                 [0, 1, 2])
+    assert (v["operation"]["name"], v["operation"]["group"], v["operation"]["seq"]) == ("all_reduce", "0", 5)
+    culprit_stack = [e for f in v["findings"] for e in f["evidence"] if e["source"] == "pyspy" and e["rank"] == 3]
+    assert culprit_stack and "next_batch" in culprit_stack[0]["detail"]
+    dumps = list(run.glob("*/dumps/*/pyspy-*.json"))
+    assert len(dumps) >= 4
+
+
+def test_rank_that_never_joins_is_an_init_hang(tmp_path: Path):
+    run = tmp_path / "r"
+    res = run_trace(["run", "-o", str(run), "--hang-after", "4", "--startup-hang-after", "6", "--on-hang", "kill"]
+                    + job("nojoin", "--hang-seconds", "300"))
+    assert res.returncode == 3
+    v = json.loads((run / "verdict.json").read_text())
+    assert (v["kind"], v["culprit_ranks"], v["waiting_ranks"]) == ("init_hang", [3], [0, 1, 2])
+
+
+def test_long_compute_without_collectives_is_not_a_hang(tmp_path: Path):
+    run = tmp_path / "r"
+    res = run_trace(["run", "-o", str(run), "--hang-after", "4", "--on-hang", "kill"]
+                    + job("compute", "--hang-seconds", "12"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "silent" not in res.stderr
+    v = json.loads((run / "verdict.json").read_text())
+    assert (v["status"], v["kind"]) == ("completed", "no_hang")
+
+
+def test_long_weight_load_before_the_first_collective_is_not_a_hang(tmp_path: Path):
+    run = tmp_path / "r"
+    res = run_trace(["run", "-o", str(run), "--hang-after", "3", "--startup-hang-after", "40", "--on-hang", "kill"]
+                    + job("slowload", "--hang-seconds", "10"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "silent" not in res.stderr
+
+
+def test_attach_to_a_hung_torchrun_job_started_without_ranktrace(tmp_path: Path):
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1")
+    env.pop("PYTHONPATH", None)
+    env.pop("RANKTRACE_DIR", None)
+    port = str(29400 + os.getpid() % 500)
+    job_proc = subprocess.Popen([PY, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", port,
+                                 str(EXAMPLE), "--fault", "skip", "--timeout", "300", "--hang-seconds", "300"],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        v: dict = {}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(3)
+            res = subprocess.run(TRACE + ["attach", "--json", "-o", str(tmp_path), str(job_proc.pid)],
+                                 capture_output=True, text=True, env=trace_env(), timeout=60)
+            v = json.loads(res.stdout) if res.stdout.startswith("{") else {}
+            if v.get("culprit_ranks") == [3]:
+                break
+        assert res.returncode == 3
+        assert (v["status"], v["kind"], v["culprit_ranks"], v["waiting_ranks"]) == ("hang", "missing_ranks", [3],
+                                                                                     [0, 1, 2])
+        assert v["operation"]["name"] == "all_reduce" and "next_batch" in v["summary"]
+    finally:
+        os.killpg(job_proc.pid, signal.SIGKILL)
+        job_proc.wait(timeout=10)

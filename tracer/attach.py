@@ -1,0 +1,122 @@
+"""`trace attach PID...`: the outside view of a job that is already hung and was not started under ranktrace.
+
+Relaunching a hung 8-GPU server costs an hour, so this needs nothing inside the job: it finds every process of
+the job (the given pids and all their descendants), reads each one's rank from its environment (RANK, set by
+torchrun/Slurm launchers; else sibling order under one parent, said as an inference), takes a burst (non-blocking
+py-spy, /proc thread states) into a new trace directory, and leaves the verdict to the analyzers.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tracer import burst, hostinfo, meta
+
+__all__ = ["AttachResult", "descendants", "rank_of", "attach"]
+
+
+@dataclass
+class AttachResult:
+    run_dir: Path
+    host_dir: Path
+    pids: dict[int, dict[str, object]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+
+def _ppid_map() -> dict[int, int]:
+    out = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    stat = f.read()
+                out[int(entry)] = int(stat[stat.rindex(b")") + 2:].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
+
+
+def descendants(pids: list[int]) -> list[int]:
+    """The pids and every process below them."""
+    parent = _ppid_map()
+    children: dict[int, list[int]] = {}
+    for c, p in parent.items():
+        children.setdefault(p, []).append(c)
+    out: list[int] = []
+    todo = list(pids)
+    while todo:
+        p = todo.pop()
+        if p in out or p not in parent:
+            continue
+        out.append(p)
+        todo.extend(children.get(p, ()))
+    return sorted(out)
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return {}
+    env = {}
+    for item in raw.split(b"\0"):
+        k, sep, v = item.partition(b"=")
+        if sep:
+            env[k.decode(errors="replace")] = v.decode(errors="replace")
+    return env
+
+
+def rank_of(pid: int) -> tuple[int | None, int | None]:
+    """(rank, world) from the process environment (torchrun, Slurm, MPI launchers)."""
+    env = _environ(pid)
+    for rk, wk in (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"), ("OMPI_COMM_WORLD_RANK",
+                                                                               "OMPI_COMM_WORLD_SIZE")):
+        if env.get(rk, "").isdigit():
+            world = env.get(wk, "")
+            return int(env[rk]), int(world) if world.isdigit() else None
+    return None, None
+
+
+def _is_python(pid: int) -> bool:
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return False
+    return "python" in os.path.basename(exe)
+
+
+def attach(pids: list[int], out_base: Path = Path("traces")) -> AttachResult:
+    """Discover, burst, and write a self-describing trace dir for the analyzers."""
+    procs = [p for p in descendants(pids) if _is_python(p)]
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = out_base / f"{stamp}-attach"
+    n = 1
+    while run_dir.exists():
+        n += 1
+        run_dir = out_base / f"{stamp}-attach-{n}"
+    host_dir = run_dir / hostinfo.host_key()
+    host_dir.mkdir(parents=True)
+    info: dict[int, dict[str, object]] = {}
+    parent = _ppid_map()
+    for p in procs:
+        rank, world = rank_of(p)
+        info[p] = {"rank": rank, "world": world, "ppid": parent.get(p), "rank_from": "environ" if rank is not None
+                   else None}
+    # Leaves without a RANK in their environment (mp.spawn children): rank = order among siblings, flagged
+    leaves = [p for p in procs if not any(parent.get(q) == p for q in procs)]
+    by_parent: dict[int | None, list[int]] = {}
+    for p in leaves:
+        if info[p]["rank"] is None:
+            by_parent.setdefault(parent.get(p), []).append(p)
+    for sibs in by_parent.values():
+        if len(sibs) > 1:
+            for i, p in enumerate(sorted(sibs)):
+                info[p].update(rank=i, world=len(sibs), rank_from="sibling order (inferred)")
+    m = meta.initial_meta(["trace", "attach", *map(str, pids)], {}, {}, host_dir.name, run_dir.name)
+    m.update(attached=True, pids={str(p): v for p, v in info.items()})
+    meta.write_meta(host_dir, m)
+    res = burst.capture_burst(host_dir, procs, reason="trace attach")
+    return AttachResult(run_dir, host_dir, info, res.problems)
