@@ -168,5 +168,25 @@ def snapshot(run_dir: Path, as_json: bool) -> None:
     sys.exit(facade.exit_code(verdict))
 
 
+@main.command()
+@click.argument("a", type=click.Path(exists=True, path_type=Path))
+@click.argument("b", type=click.Path(exists=True, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+def compare(a: Path, b: Path, as_json: bool) -> None:
+    """Put two runs side by side (good vs hung, H100 vs Blackwell) and name where they diverge."""
+    import json as _json
+
+    from analyzers import compare as compare_mod
+    from analyzers import facade
+    from analyzers.report import compare_text
+
+    try:
+        c = compare_mod.compare_paths(a, b)
+    except facade.InputError as e:
+        _err(str(e))
+        sys.exit(EXIT_USAGE)
+    click.echo(_json.dumps(c.to_dict(), indent=2, default=str) if as_json else compare_text.render(c))
+
+
 if __name__ == "__main__":
     main()

@@ -15,7 +15,7 @@ import pytest
 
 from tests.helpers import EXAMPLE, PY, TRACE, run_trace, trace_env
 
-SCENARIOS = ["skip", "tp-skip", "mismatch", "recv-deadlock", "nojoin", "die"]
+SCENARIOS = ["none", "skip", "tp-skip", "mismatch", "recv-deadlock", "nojoin", "die"]
 
 
 @pytest.fixture(scope="module")
@@ -92,13 +92,28 @@ def test_every_finding_cites_evidence(verdicts):
             assert all(e["source"] for e in f["evidence"])
 
 
-def test_clean_job_is_no_hang_and_exit_0(tmp_path: Path):
-    res = run_trace(["run", "-o", str(tmp_path / "r"), "--", PY, str(EXAMPLE), "--world", "2", "--steps", "3"])
+def test_clean_job_is_no_hang_and_exit_0(verdicts):
+    v, res = verdicts["none"]
     assert res.returncode == 0
-    v = json.loads((tmp_path / "r" / "verdict.json").read_text())
     assert (v["status"], v["kind"], v["culprit_ranks"]) == ("completed", "no_hang", [])
-    again = subprocess.run(TRACE + ["analyze", str(tmp_path / "r")], capture_output=True, text=True, env=trace_env())
+    again = subprocess.run(TRACE + ["analyze", v["inputs"][0]], capture_output=True, text=True, env=trace_env())
     assert again.returncode == 0 and again.stdout.startswith("COMPLETED · no_hang")
+
+
+def test_compare_good_and_hung_runs_names_the_divergence(verdicts):
+    good, hung = (Path(verdicts[k][0]["inputs"][0]).parent for k in ("none", "skip"))
+    res = subprocess.run(TRACE + ["compare", "--json", str(good), str(hung)], capture_output=True, text=True,
+                         env=trace_env())
+    assert res.returncode == 0, res.stderr
+    c = json.loads(res.stdout)
+    first = {d["rank"]: d for d in c["divergences"]}
+    # rank 3 is where B (the hung run) first departs: A went on to all_reduce seq 5, B never issued it
+    assert first[3]["position"] == min(d["position"] for d in c["divergences"])
+    assert first[3]["a"].startswith("all_reduce default_pg seq 5") and first[3]["b"] is None
+    assert any(k == "command" for k, _a, _b in c["context"])
+    text = subprocess.run(TRACE + ["compare", str(good), str(hung)], capture_output=True, text=True,
+                          env=trace_env()).stdout
+    assert "where they diverge: rank 3" in text
 
 
 def test_all_ranks_blocked_in_a_queue_get(tmp_path: Path):
