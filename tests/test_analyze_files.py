@@ -207,3 +207,11 @@ def test_live_analyze_does_not_change_a_finished_run(tmp_path: Path):
     time.sleep(0.01)
     verdict_of(run)
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+
+
+def test_example_capture_in_the_repository():
+    """traces/examples/skip-4rank-gloo: a real capture (events.arrow, meta.json, py-spy burst), no rings."""
+    v = verdict_of(REPO / "traces" / "examples" / "skip-4rank-gloo")
+    assert brief(v) == ("hang", "missing_ranks", "all_reduce", 5, [3], [0, 1, 2])
+    assert any(e["source"] == "pyspy" and e["rank"] == 3 and "next_batch" in e["detail"]
+               for f in v["findings"] for e in f["evidence"])
