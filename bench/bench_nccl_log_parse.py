@@ -1,21 +1,29 @@
-"""Benchmark the NCCL debug-log reader: parse throughput in MB/s against plain line iteration, in one run.
+"""Benchmark the NCCL debug-log reader: parse throughput in MB/s against plain line iteration, and peak memory.
 
 Why: a hung job's NCCL_DEBUG=INFO,SUBSYS=INIT,COLL logs reach gigabytes; `analyzers.readers.nccl_log` must stream them
 (bounded memory) at >= 100 MB/s. Absolute MB/s depends on the machine and its load, so the script also measures a
-baseline in the same run (``for line in f: pass`` over the same file) and prints the ratio.
+baseline in the same run (``for line in f: pass`` over the same file) and prints the ratio, and it prints CPU-time
+MB/s next to wall-clock MB/s (on a shared machine the wall clock also counts other processes).
 
 The generated log imitates a torchrun job of ``--ranks`` processes on one node sharing stdout (``[rankN]:``
 prefixes), NCCL 2.21-style: a version line, Init START / COMPLETE, ring and transport lines per rank, then
 iterations of AllReduce / AllGather / ReduceScatter / Broadcast and Send/Recv pairs with increasing hex
 opCounts, TUNING lines from comm rank 0, and some program output (loss lines) in between.
 
-Usage: ``python bench/bench_nccl_log_parse.py [--size-mb 200] [--ranks 8] [--repeat 3] [--keep DIR]``
+Peak memory is measured in a fresh process (peak RSS, ``VmHWM``, after one read minus after the imports), so earlier
+runs do not hide it. ``--sparse-gb N`` adds the big-file case: an N GB file that is mostly a sparse hole
+(NUL bytes to a reader; this one drops them and seeks over holes) with one generated 8 MB block of log per GB, to
+show that memory stays bounded however big the file (the output holds only the blocks' rows).
+
+Usage: ``python bench/bench_nccl_log_parse.py [--size-mb 200] [--ranks 8] [--repeat 3] [--keep DIR] [--sparse-gb 10]``
 """
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analyzers.readers import nccl_log  # noqa: E402
 
-__all__ = ["generate", "main"]
+__all__ = ["generate", "make_sparse", "peak_memory", "main"]
 
 _OPS = (("AllReduce", 7, 0.55), ("AllGather", 9, 0.2), ("ReduceScatter", 9, 0.15), ("Broadcast", 7, 0.1))
 
@@ -92,13 +100,69 @@ def generate(path: Path, size_mb: float, ranks: int, seed: int = 1) -> int:
     return n_coll
 
 
-def _time(fn, repeat: int) -> float:
-    times = []
+def make_sparse(path: Path, size_gb: float, ranks: int = 8, block_mb: float = 8.0) -> int:
+    """A ``size_gb`` GB file that is a sparse hole except for one generated log block at the start of each GB.
+
+    Returns the number of COLL lines in it. Only the blocks take disk space; the holes read back as NUL bytes.
+    """
+    block_path = path.with_suffix(".block")
+    n_block = generate(block_path, block_mb, ranks)
+    block = block_path.read_bytes()
+    block_path.unlink()
+    size = int(size_gb * 1e9)
+    step = 1_000_000_000
+    n = 0
+    with open(path, "wb") as f:
+        f.truncate(size)
+        for off in range(0, size - len(block), step):
+            f.seek(off)
+            f.write(block)
+            n += n_block
+    return n
+
+
+_PEAK = """
+import json, resource, sys, time
+sys.path.insert(0, {root!r})
+from analyzers.readers import nccl_log
+
+
+def hwm():  # peak RSS of this process image (VmHWM: unlike ru_maxrss, not inherited from the forking parent)
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+base = hwm()
+t0, c0 = time.perf_counter(), time.process_time()
+r = nccl_log.read({path!r})
+wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+print(json.dumps(dict(base_mb=base, peak_mb=hwm(), wall=wall, cpu=cpu, rows=r.events.num_rows,
+                      events_mb=r.events.get_total_buffer_size() / 2**20,
+                      skipped=[s.reason for s in r.skipped][:3])))
+"""
+
+
+def peak_memory(path: Path) -> dict[str, object]:
+    """Read ``path`` once in a fresh interpreter; its ru_maxrss before and after, time, rows (see ``_PEAK``)."""
+    code = _PEAK.format(root=str(Path(__file__).resolve().parents[1]), path=str(path))
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _time(fn, repeat: int) -> tuple[float, float]:
+    """Median wall and CPU seconds of ``repeat`` calls."""
+    walls, cpus = [], []
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    return statistics.median(walls), statistics.median(cpus)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep", type=Path, default=None, help="write the log here and keep it")
+    ap.add_argument("--sparse-gb", type=float, default=0.0, help="also read a sparse file of this many GB")
     args = ap.parse_args(argv)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -126,17 +191,34 @@ def main(argv: list[str] | None = None) -> int:
         result: dict[str, object] = {}
 
         def parse() -> None:
+            result.clear()  # the previous result is freed before the next read
             result["r"] = nccl_log.read(path)
 
         iterate()  # warm the page cache
-        base = _time(iterate, args.repeat)
-        t_parse = _time(parse, args.repeat)
+        base, _ = _time(iterate, args.repeat)
+        t_parse, c_parse = _time(parse, args.repeat)
         r = result["r"]
         assert hasattr(r, "events")
         print(f"baseline `for line in f: pass`: {mb / base:8.1f} MB/s  (median of {args.repeat}: {base:.3f}s)")
-        print(f"nccl_log.read:                  {mb / t_parse:8.1f} MB/s  (median of {args.repeat}: {t_parse:.3f}s)")
+        print(f"nccl_log.read:                  {mb / t_parse:8.1f} MB/s  (median of {args.repeat}: {t_parse:.3f}s "
+              f"wall; {mb / c_parse:.1f} MB/s on CPU time)")
         print(f"ratio parse/baseline speed:     {base / t_parse:8.3f}  ({t_parse / base:.1f}x slower than iterating)")
         print(f"events: {r.events.num_rows}  observations: {r.observations.num_rows}  skipped: {len(r.skipped)}")
+        result.clear()
+        pm = peak_memory(path)
+        print(f"peak memory (fresh process):    {pm['peak_mb'] - pm['base_mb']:8.1f} MB over {pm['base_mb']:.0f} MB "
+              f"after imports; EVENTS table {pm['events_mb']:.0f} MB ({pm['rows']} rows)")
+        if args.sparse_gb:
+            sparse = Path(tmp) / "nccl_sparse.log"
+            t0 = time.perf_counter()
+            n_sparse = make_sparse(sparse, args.sparse_gb, args.ranks)
+            gb = sparse.stat().st_size / 1e9
+            print(f"sparse file: {gb:.1f} GB apparent, {n_sparse} COLL lines, made in {time.perf_counter() - t0:.1f}s")
+            pm = peak_memory(sparse)
+            print(f"sparse read: {gb * 1000 / pm['wall']:8.1f} MB/s ({pm['wall']:.1f}s wall, {pm['cpu']:.1f}s CPU); "
+                  f"peak memory {pm['peak_mb'] - pm['base_mb']:.1f} MB over {pm['base_mb']:.0f} MB; rows {pm['rows']}; "
+                  f"notes: {pm['skipped']}")
+            sparse.unlink()
     return 0
 
 

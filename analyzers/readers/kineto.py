@@ -34,8 +34,11 @@ no base and ``ts`` ≥ 1e15 µs (absolute epoch µs, older traces) → ``wall_ns
 origin is unknown → ``t_ns = round(ts × 1000)`` on a trace-local clock and ``wall_ns`` null. ``displayTimeUnit``
 never changes units. Cross-host comparisons rely on NTP.
 
-Memory: the file is parsed as a stream (:class:`_JsonStream`: one ``traceEvents`` element decoded at a time), so
-only the collective candidates and launch correlations of one file are held, never its whole JSON.
+Memory: the file is parsed as a stream (:class:`_JsonStream`: one ``traceEvents`` element decoded at a time, in
+1 MiB reads), so only the collective candidates and the CUDA launches of one file are held, never its whole JSON.
+Launches (one per kernel: millions in a big trace) are kept as flat arrays, about 20 bytes each; one JSON value
+larger than 64 MiB is treated as corruption (the events before it are used). So memory grows with the number of
+collectives and launches, not with the size of the file.
 
 Bad input: unreadable file, not JSON, or JSON that is not a trace (no ``traceEvents``) → :class:`ReaderError`.
 A truncated file (crashed profiler, ``.tmp`` leftovers, cut gzip) yields what was read before the cut plus a
@@ -56,10 +59,13 @@ import json
 import math
 import re
 import zlib
+from array import array
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterator, NamedTuple
+
+import numpy as np
 
 from analyzers import schema
 from analyzers.opnames import P2P_OPS, canonical_op
@@ -255,7 +261,8 @@ class _JsonStream:
                 value, end = self.decoder.raw_decode(self.buf, self.pos)
             except json.JSONDecodeError as e:
                 if len(self.buf) - self.pos > _MAX_VALUE_CHARS:
-                    raise _NotJson(f"invalid JSON ({e.msg})", self.consumed + e.pos) from e
+                    raise _NotJson(f"one JSON value runs past {_MAX_VALUE_CHARS >> 20} MiB without ending ({e.msg}): "
+                                   "corrupt, or not a trace", self.consumed + e.pos) from e
                 if not self._fill():
                     if e.pos >= len(self.buf) - 1 or "Unterminated" in e.msg:
                         raise _Truncated(f"at char {self.consumed + e.pos}") from e
@@ -346,7 +353,14 @@ class _Collector:
         self.saw_trace_events = False
         self.events_seen = 0
         self.comms: dict[tuple[Any, Any], list[_Comm]] = defaultdict(list)
-        self.launches: dict[int, tuple[Any, Any, float]] = {}
+        # CUDA launches, one per kernel of the trace (millions in a big one): kept as three flat arrays (20 bytes
+        # a launch instead of a dict entry and a tuple); only those of NCCL kernels are looked up at the end
+        self.launch_corr = array("q")
+        self.launch_ts = array("d")
+        self.launch_thread = array("i")
+        self.threads: dict[tuple[Any, Any], int] = {}
+        self.thread_keys: list[tuple[Any, Any]] = []
+        self.big_corr: dict[int, tuple[Any, Any, float]] = {}   # correlation ids beyond 64 bits (never in practice)
         self.kernels: list[tuple[int, float, str]] = []  # (correlation, end µs, name) of NCCL kernels
         self.skip_counts: dict[str, int] = defaultdict(int)
         self.skipped: list[Skipped] = []
@@ -390,9 +404,24 @@ class _Collector:
                 _Comm(index, ev.get("pid"), ev.get("tid"), ts, ts + dur, name, True, _annotation_args(args)))
         elif cat in ("cuda_runtime", "cuda_driver") and "Launch" in name and "correlation" in args:
             try:
-                self.launches[int(args["correlation"])] = (ev.get("pid"), ev.get("tid"), ts)
+                corr = int(args["correlation"])
             except (TypeError, ValueError):
-                pass
+                return
+            thread = (ev.get("pid"), ev.get("tid"))
+            try:
+                hash(thread)
+            except TypeError:  # pid/tid that are lists or objects: no thread to tie a kernel to
+                return
+            if not -(1 << 63) <= corr < 1 << 63:
+                self.big_corr[corr] = (thread[0], thread[1], ts)
+                return
+            ti = self.threads.get(thread)
+            if ti is None:
+                ti = self.threads[thread] = len(self.thread_keys)
+                self.thread_keys.append(thread)
+            self.launch_corr.append(corr)
+            self.launch_ts.append(ts)
+            self.launch_thread.append(ti)
         elif cat == "kernel" and name.startswith("nccl"):
             corr = args.get("correlation")
             if isinstance(corr, int):
@@ -466,6 +495,19 @@ class _Collector:
                     self.skip_counts["record_param_comms without a collective name nor annotation"] += 1
         return ops
 
+    def _launches(self, wanted: set[int]) -> dict[int, tuple[Any, Any, float]]:
+        """correlation → (pid, tid, ts) of the launches in ``wanted`` (the last one when a correlation repeats)."""
+        out: dict[int, tuple[Any, Any, float]] = {}
+        if not wanted:
+            return out
+        corr = np.frombuffer(self.launch_corr, dtype=np.int64) if len(self.launch_corr) else np.zeros(0, np.int64)
+        small = [c for c in wanted if -(1 << 63) <= c < 1 << 63]
+        for i in np.flatnonzero(np.isin(corr, np.array(small, dtype=np.int64))).tolist():
+            pid, tid = self.thread_keys[self.launch_thread[i]]
+            out[int(corr[i])] = (pid, tid, self.launch_ts[i])
+        out.update((c, v) for c, v in self.big_corr.items() if c in wanted)
+        return out
+
     def _attach_kernels(self, ops: list[_Op]) -> None:
         by_thread: dict[tuple[Any, Any], list[_Op]] = defaultdict(list)
         for op in ops:
@@ -474,9 +516,10 @@ class _Collector:
         for key, lst in by_thread.items():
             lst.sort(key=lambda o: o.comm.ts)
             starts[key] = [o.comm.ts for o in lst]
+        launches = self._launches({corr for corr, _, _ in self.kernels})
         orphans = 0
         for corr, end, name in self.kernels:
-            launch = self.launches.get(corr)
+            launch = launches.get(corr)
             op = None
             if launch is not None:
                 key = (launch[0], launch[1])

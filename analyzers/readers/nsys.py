@@ -51,9 +51,14 @@ Time: ``t_ns`` is the raw nsys session-clock timestamp (ns). ``wall_ns = utcEpoc
 Bounded memory: every large table is read with ``fetchmany`` in batches of :data:`BATCH_ROWS`, each batch turned
 into an Arrow table at once; only op ranges (for kernel attribution) and small lookup tables stay in Python.
 
-Bad input: a missing/empty/non-SQLite file, a database truncated below the size its header declares, a locked
-database, or a SQLite file without the nsys tables → :class:`ReaderError` naming the file. Tables that are absent
-(nsys creates tables lazily) or lack a needed column → one :class:`Skipped` each, and the rest is still read.
+Bad input: a missing/empty/non-SQLite file, one cut inside its first page, a locked database (another process
+holds an exclusive lock, e.g. nsys still writing: retry), a SQLite file without the nsys tables, or one whose
+schema page is unreadable → :class:`ReaderError` naming the file. Otherwise what is readable is used: a database
+shorter than its header declares (interrupted export or copy) is opened with ``writable_schema`` on the
+read-only connection so SQLite reads the pages that are there, and each stage (processes, NVTX, kernels, ...)
+that meets a missing or corrupt page becomes one :class:`Skipped` (keeping the batches read before it), plus one
+note for the truncation. Tables that are absent (nsys creates tables lazily) or lack a needed column → one
+:class:`Skipped` each, and the rest is still read.
 
 Known limits: NVTX extended payloads (NCCL communicator id, message size, NCCL's own ``Rank``) are not decoded;
 kernel → op attribution needs the launching CUDA call (runtime tracing) and an op range on the same thread;
@@ -71,7 +76,7 @@ import urllib.parse
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -106,6 +111,7 @@ RANKTRACE_DOMAIN = "ranktrace"
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _LOCK_TIMEOUT_S = 0.5
+_T = TypeVar("_T")
 _MASK24 = 0xFFFFFF
 
 
@@ -264,24 +270,34 @@ def sniff(path: Path, head: bytes) -> bool:
 def read(path: Path) -> ReadResult:
     """Read one nsys SQLite export. Raises ReaderError when it cannot be opened or is not an nsys export."""
     path = Path(path)
-    _check_file(path)
+    truncated = _check_file(path)
     conn = _connect(path)
     try:
-        return _Export(conn, path).read()
+        return _Export(conn, path, truncated).read()
     except sqlite3.OperationalError as e:
-        if "locked" in str(e).lower() or "busy" in str(e).lower():
+        if _is_lock_error(e):
             raise ReaderError(path, f"database is locked by another process ({e}); retry after nsys finishes") from e
-        raise ReaderError(path, f"unreadable SQLite database ({e}); truncated or corrupt export?") from e
+        raise ReaderError(path, _unreadable(e, truncated)) from e
     except sqlite3.DatabaseError as e:
-        raise ReaderError(path, f"unreadable SQLite database ({e}); truncated or corrupt export?") from e
+        raise ReaderError(path, _unreadable(e, truncated)) from e
     finally:
         conn.close()
 
 
+def _is_lock_error(e: sqlite3.Error) -> bool:
+    return "locked" in str(e).lower() or "busy" in str(e).lower()
+
+
+def _unreadable(e: sqlite3.Error, truncated: str | None) -> str:
+    return f"{truncated}; nothing readable ({e})" if truncated else \
+        f"unreadable SQLite database ({e}); truncated or corrupt export?"
+
+
 # ---------------------------------------------------------------------------------------------------- file checks
 
-def _check_file(path: Path) -> None:
-    """Refuse what SQLite would open lazily and fail on later: missing, empty, non-SQLite, truncated files."""
+def _check_file(path: Path) -> str | None:
+    """Refuse what SQLite would open lazily and fail on later: missing, empty, non-SQLite files, and files cut
+    inside the first page. A file shorter than its header declares is read as far as it goes: returns a note."""
     try:
         size = path.stat().st_size
         with path.open("rb") as fh:
@@ -295,20 +311,41 @@ def _check_file(path: Path) -> None:
                                 "export the report with `nsys export --type sqlite`")
     if len(header) < 100:
         raise ReaderError(path, f"truncated SQLite header ({len(header)} of 100 bytes)")
+    note = _short_by(header, size)
+    page_size = struct.unpack(">H", header[16:18])[0]
+    if note and size < (65536 if page_size == 1 else page_size):
+        raise ReaderError(path, f"{note}: not even the first page (schema) is there")
+    return note
+
+
+def _short_by(header: bytes, size: int) -> str | None:
+    """A note when the file is shorter than the page count its SQLite header declares (an interrupted export or
+    copy), else None."""
     page_size = struct.unpack(">H", header[16:18])[0]
     page_size = 65536 if page_size == 1 else page_size
     change_counter, n_pages, valid_for = (struct.unpack(">I", header[i:i + 4])[0] for i in (24, 28, 92))
     if n_pages and change_counter == valid_for and size < n_pages * page_size:
-        raise ReaderError(path, f"truncated SQLite database: header declares {n_pages} pages of {page_size} bytes "
-                                f"({n_pages * page_size} bytes), file has {size} bytes (interrupted export or copy?)")
+        return (f"truncated SQLite database: header declares {n_pages} pages of {page_size} bytes "
+                f"({n_pages * page_size} bytes), file has {size} bytes (interrupted export or copy?)")
+    return None
 
 
 def _connect(path: Path) -> sqlite3.Connection:
+    """A read-only connection. For a truncated file, ``writable_schema`` makes SQLite use the pages that are there
+    instead of refusing the whole file (nothing can be written: the connection is read-only); tables whose pages
+    are missing then fail one by one."""
     uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro"
     try:
         conn = sqlite3.connect(uri, uri=True, timeout=_LOCK_TIMEOUT_S)
     except sqlite3.Error as e:
         raise ReaderError(path, f"cannot open as SQLite: {e}") from e
+    try:
+        with path.open("rb") as fh:
+            header = fh.read(100)
+        if len(header) == 100 and _short_by(header, path.stat().st_size):
+            conn.execute("PRAGMA writable_schema=ON")
+    except (OSError, sqlite3.Error):
+        pass
     return conn
 
 
@@ -336,10 +373,12 @@ class _OpRange:
 class _Export:
     """One open export; read() runs the stages in order and returns the common tables."""
 
-    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+    def __init__(self, conn: sqlite3.Connection, path: Path, truncated: str | None = None) -> None:
         self.conn = conn
         self.path = path
         self.file = str(path)
+        self.truncated = truncated
+        self.failed: list[tuple[str, sqlite3.Error]] = []
         self.skipped: list[Skipped] = []
         self.event_tables: list[pa.Table] = []
         self.obs_tables: list[pa.Table] = []
@@ -357,23 +396,40 @@ class _Export:
     # -- orchestration
 
     def read(self) -> ReadResult:
+        """Run the stages in order. Only the schema must be readable: a stage that hits a missing or corrupt page
+        (truncated or damaged export) becomes one Skipped, keeps the batches it had read, and the next stage
+        runs; a lock is never skipped over (it ends the read: retry later)."""
+        if self.truncated:
+            self._skip(self.truncated + "; reading the tables whose pages are there")
         self._load_schema()
-        version = self._metadata()
-        self._host_and_clock()
-        self._processes_and_threads()
-        self._nvtx()
-        self._kernels()
-        self._pending_gpu_work()
-        self._sync_calls()
-        self._gpus()
-        self._streams()
-        self._diagnostics()
-        pid_rank, pid_world = self._resolve_ranks()
+        version = self._stage("export metadata", self._metadata)
+        self._stage("host name and clock", self._host_and_clock)
+        for what, stage in (("processes and threads", self._processes_and_threads), ("NVTX ranges", self._nvtx),
+                            ("NCCL kernels", self._kernels), ("unfinished GPU work", self._pending_gpu_work),
+                            ("synchronizing CUDA calls", self._sync_calls), ("GPUs", self._gpus),
+                            ("captured stdout/stderr", self._streams), ("profiler diagnostics", self._diagnostics)):
+            self._stage(what, stage)
+        ranks = self._stage("ranks", self._resolve_ranks)
+        pid_rank, pid_world = ranks if ranks is not None else ({}, {})
         events = _fill_identity(schema.concat(schema.EVENTS, self.event_tables), pid_rank, pid_world)
         observations = _fill_identity(schema.concat(schema.OBSERVATIONS, self.obs_tables), pid_rank, pid_world)
+        if self.failed and not events.num_rows and not observations.num_rows:
+            what, err = self.failed[0]
+            raise ReaderError(self.path, _unreadable(err, self.truncated) + f" (first failure: {what})")
         world = next(iter(self.world_hints)) if len(self.world_hints) == 1 else None
         return ReadResult(file=self.file, format=FORMAT, version=version, events=events,
                           observations=observations, skipped=tuple(self.skipped), world_size=world)
+
+    def _stage(self, what: str, fn: Callable[[], _T]) -> _T | None:
+        try:
+            return fn()
+        except sqlite3.DatabaseError as e:   # OperationalError included
+            if isinstance(e, sqlite3.OperationalError) and _is_lock_error(e):
+                raise
+            self.failed.append((what, e))
+            cause = "the file is truncated" if self.truncated else "corrupt export?"
+            self._skip(f"{what}: not read or only partly ({e}; {cause}); the rest of the export is used")
+            return None
 
     # -- schema
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -218,3 +220,73 @@ class TestRealTorch213Gloo:
                        ("collective", 4, "all_gather"), ("collective", 5, "barrier")]
         assert per_rank[0] == collectives + [("p2p", 1, "send")]
         assert per_rank[1] == collectives + [("p2p", 1, "recv")]
+
+
+class TestBigTrace:
+    @staticmethod
+    def _write(path: Path, steps: int, per_step: int) -> None:
+        """A trace of ``steps`` all_reduce ops, each after ``per_step`` (cpu op, CUDA launch, GEMM kernel) triples."""
+        mm = ('{"ph":"X","cat":"cpu_op","name":"aten::mm","pid":1,"tid":1,"ts":%d,"dur":5,'
+              '"args":{"External id":%d,"Input Dims":[[1024,1024],[1024,1024]],"Input type":["float","float"]}},\n'
+              '{"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel","pid":1,"tid":1,"ts":%d,"dur":2,'
+              '"args":{"correlation":%d,"cbid":211}},\n'
+              '{"ph":"X","cat":"kernel","name":"ampere_sgemm_128x64_nn","pid":0,"tid":7,"ts":%d,"dur":50,'
+              '"args":{"correlation":%d,"device":0,"stream":7}},\n')
+        coll = ('{"ph":"X","cat":"user_annotation","name":"nccl:all_reduce","pid":1,"tid":1,"ts":%d,"dur":20},\n'
+                '{"ph":"X","cat":"cpu_op","name":"record_param_comms","pid":1,"tid":1,"ts":%d,"dur":18,"args":'
+                '{"Collective name":"allreduce","dtype":"Float","In msg nelems":1024,"Group size":2,'
+                '"Process Group Name":"0","Seq":%d}},\n'
+                '{"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel","pid":1,"tid":1,"ts":%d,"dur":3,'
+                '"args":{"correlation":%d}},\n'
+                '{"ph":"X","cat":"kernel","name":"ncclDevKernel_AllReduce_Sum_f32_RING_LL","pid":0,"tid":8,'
+                '"ts":%d,"dur":40,"args":{"correlation":%d}}')
+        with open(path, "w") as f:
+            f.write('{"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 2},\n'
+                    '"traceEvents": [\n')
+            corr, t = 0, 1000
+            for s in range(steps):
+                f.write("".join(mm % (t + 60 * k, corr + k, t + 60 * k + 1, corr + k, t + 60 * k + 3, corr + k)
+                                for k in range(per_step)))
+                corr += per_step
+                t += 60 * per_step
+                f.write(coll % (t, t + 1, s + 1, t + 2, corr, t + 5, corr) + (",\n" if s + 1 < steps else "\n"))
+                corr += 1
+                t += 100
+            f.write("]}\n")
+
+    @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="peak RSS read from /proc (Linux)")
+    def test_giant_trace_streams_in_bounded_memory(self, tmp_path: Path) -> None:
+        """BIG INPUT (a few seconds): a ~75 MB trace of 480k events, 200 of them collectives. json.load would hold
+        it all (several times its size); the stream keeps the collectives and ~20 bytes per CUDA launch."""
+        path = tmp_path / "big.pt.trace.json"
+        self._write(path, steps=200, per_step=800)
+        assert path.stat().st_size > 70e6
+        code = (f"import json, sys; sys.path.insert(0, {str(REPO)!r})\n"
+                "from analyzers.readers import kineto\n"
+                "hwm = lambda: next(int(l.split()[1]) / 1024 for l in open('/proc/self/status') if l.startswith('VmHWM'))\n"
+                f"base = hwm(); r = kineto.read({str(path)!r})\n"
+                "ops = [e for e in r.events.to_pylist() if e['kind'] == 'complete']\n"
+                "print(json.dumps(dict(growth=hwm() - base, completes=len(ops), seq=ops[-1]['seq'], "
+                "skipped=[s.reason for s in r.skipped])))\n")
+        out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=120)
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        assert (got["completes"], got["seq"], got["skipped"]) == (200, 200, [])   # every NCCL kernel tied to its op
+        assert got["growth"] < 28, f"peak RSS grew by {got['growth']:.0f} MB reading a 75 MB trace"
+
+    def test_one_huge_value_stops_the_stream_with_a_note(self, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+        path = tmp_path / "huge.json"
+        self._write(path, steps=3, per_step=1)
+        text = path.read_text()
+        path.write_text(text[: text.rindex("]")] + ', {"ph": "X", "name": "' + "x" * (3 << 20) + "]}\n")
+        monkeypatch.setattr(kineto, "_MAX_VALUE_CHARS", 1 << 20)
+        result = _read(path)
+        assert len([r for r in result.events.to_pylist() if r["kind"] == "enter"]) == 3
+        assert any("runs past 1 MiB without ending" in s.reason for s in result.skipped), result.skipped
+
+    def test_launch_lookup_keeps_the_last_of_repeated_correlations(self) -> None:
+        c = kineto._Collector("x")
+        for ts, corr in ((1.0, 5), (2.0, 7), (3.0, 5), (4.0, 1 << 70)):
+            c.take(("event", 0, {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 2,
+                                 "ts": ts, "dur": 1, "args": {"correlation": corr}}))
+        assert c._launches({5, 1 << 70, 9}) == {5: (1, 2, 3.0), 1 << 70: (1, 2, 4.0)}

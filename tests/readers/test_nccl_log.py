@@ -2,6 +2,10 @@
 mixed-encoding files, seq rules, and the two NCCL scenarios the verdict tests use."""
 from __future__ import annotations
 
+import json
+import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -231,3 +235,140 @@ def test_scenario_init_incomplete_rank3_never_completes_init() -> None:
     rank3 = [r for r in results if r.file.endswith("nccl.node1.8802.log")][0]
     assert rank3.events.num_rows == 0
     assert [(e["rank"], e["seq"]) for r in results for e in r.events.to_pylist()] == [(0, 1), (1, 1), (2, 1)]
+
+
+# ---------------------------------------------------------------------------------------- big and odd inputs
+
+def _coll_lines(rank: int, comm: str, first_op: int, n: int, prefix: str = "") -> list[str]:
+    ops = (("AllReduce", 7), ("AllGather", 9), ("Broadcast", 7), ("ReduceScatter", 9))
+    out = []
+    for i in range(n):
+        op, dt = ops[i % len(ops)]
+        out.append(f"{prefix}node3:{700 + rank}:{700 + rank} [{rank}] NCCL INFO {op}: opCount {first_op + i:x} "
+                   f"sendbuff 0x7f{i:010x} recvbuff 0x7f{i + 1:010x} count {1024 * (i % 5 + 1)} datatype {dt} op 0 "
+                   f"root {i % 2} comm {comm} [nranks=2] stream 0x5500{rank}\n")
+        if rank == 0 and i % 8 == 7:
+            out.append(f"node3:700:700 [0] NCCL INFO {op}: 4096 Bytes -> Algo RING proto SIMPLE channel{{0..1}}\n")
+    return out
+
+
+def _init_lines(comm: str, rank: int) -> list[str]:
+    return [f"node3:{700 + rank}:{710 + rank} [{rank}] NCCL INFO ncclCommInitRank comm {comm} rank {rank} nranks 2 "
+            f"cudaDev {rank} nvmlDev {rank} busId {rank}000 commId 0xfeed0000beef - Init {what}\n"
+            for what in ("START", "COMPLETE")]
+
+
+def test_numpy_path_and_regex_loop_give_the_same_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """COLL lines are parsed in bulk with numpy; the regex loop is the reference. Rarer, torn, glued, CRLF and
+    odd-number lines interleaved with runs of COLL lines must give identical tables either way."""
+    extra = (FIX / "prefixes.log").read_text().splitlines(keepends=True) + (
+        FIX / "torn.log").read_text().splitlines(keepends=True)
+    lines = _init_lines("0x5501", 0) + _init_lines("0x5502", 1)
+    for k in range(40):
+        lines += _coll_lines(0, "0x5501", k * 100, 60, prefix="[rank0]:")
+        lines += _coll_lines(1, "0x5502", k * 100, 60 + k % 3)
+        lines.append(extra[k % len(extra)])
+        if k % 7 == 3:
+            one, two = _coll_lines(0, "0x5501", 9000 + k, 2)[:2]
+            lines.append(one.rstrip("\n") + "\r\n")  # CRLF
+            lines.append(one.replace("opCount ", "opCount fffffffffffffffff", 1))  # beyond 64 bits
+            lines.append(one.rstrip("\n") + two)  # two records glued
+            lines.append(two.replace("root 1", "root -3", 1).replace("AllGather", "Send", 1))
+        if k == 20:  # the comm pointer is destroyed and reused by a new communicator
+            lines.append("node3:700:799 [0] NCCL INFO comm 0x5501 rank 0 nranks 2 busId 0 - Destroy COMPLETE\n")
+            lines += _init_lines("0x5501", 0)
+    path = tmp_path / "mixed.log"
+    path.write_text("".join(lines))
+    monkeypatch.setattr(nccl_log, "_CHUNK", 256 << 10)
+    monkeypatch.setattr(nccl_log, "_VEC_MIN_ROWS", 8)
+    bulk = read(path)
+    monkeypatch.setattr(nccl_log, "_VEC_MIN_BYTES", 1 << 62)  # regex loop only
+    loop = read(path)
+    assert bulk.events.num_rows > 4000
+    assert bulk.events.to_pylist() == loop.events.to_pylist()
+    assert bulk.observations.to_pylist() == loop.observations.to_pylist()
+    assert bulk.skipped == loop.skipped
+    assert any("beyond 64 bits" in s.reason for s in bulk.skipped)
+    assert -3 in {r["peer"] for r in bulk.events.to_pylist() if r["category"] == "p2p"}
+
+
+_STREAM_CHECK = """
+import json, sys
+sys.path.insert(0, {root!r})
+from analyzers.readers import nccl_log
+
+def hwm():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+
+base = hwm()
+r = nccl_log.read({path!r})
+print(json.dumps(dict(growth=hwm() - base, rows=r.events.num_rows, seqs=r.events.column("seq").to_pylist()[-2:],
+                      skipped=[s.reason for s in r.skipped])))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="peak RSS read from /proc (Linux)")
+def test_big_log_streams_in_bounded_memory(tmp_path: Path) -> None:
+    """BIG INPUT (a few seconds): 256 MB of log text followed by a 1 GiB sparse hole (NUL bytes when read) and
+    one more block. Memory must stay far below the input size: the reader holds one 4 MiB chunk plus the rows it
+    keeps (few here: the text is mostly TUNING and program lines), and skips the hole."""
+    block_lines: list[str] = []
+    for k in range(200):
+        block_lines += _coll_lines(0, "0x5501", k, 1)
+        block_lines += [f"step {k} loss 1.{k:04d} lr 3.0e-4 tokens/s 10000 {'.' * 200}\n"] * 20
+        block_lines += [f"node3:700:700 [0] NCCL INFO AllReduce: {k} Bytes -> Algo RING proto LL\n"] * 10
+    block = "".join(block_lines).encode()
+    reps = (256 << 20) // len(block)
+    path = tmp_path / "big.log"
+    with open(path, "wb") as f:
+        f.write("".join(_init_lines("0x5501", 0)).encode())
+        for _ in range(reps):
+            f.write(block)
+        f.truncate(f.tell() + (1 << 30))   # a sparse hole: reads back as NUL bytes
+        f.seek(0, 2)
+        f.write(block)
+    assert path.stat().st_size > (1 << 30) + (250 << 20)
+    code = _STREAM_CHECK.format(root=str(HERE.parents[1]), path=str(path))
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=120)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["rows"] == 200 * (reps + 1)
+    assert got["seqs"] == [200 * (reps + 1) - 1, 200 * (reps + 1)]   # Init seen: seq = line order, hole or not
+    assert any("NUL bytes ignored" in s for s in got["skipped"]), got["skipped"]
+    assert got["growth"] < 100, f"peak RSS grew by {got['growth']:.0f} MB reading a 1.3 GB file"
+
+
+def test_leading_nul_bytes_of_a_copytruncated_log(tmp_path: Path) -> None:
+    """``logrotate copytruncate``: the writer keeps its offset, so the file starts with a run of NUL bytes."""
+    path = tmp_path / "rotated.log"
+    path.write_bytes(b"\0" * 100_000 + "".join(_init_lines("0x5501", 0) + _coll_lines(0, "0x5501", 0, 3)).encode())
+    assert sniff(path)
+    r = read(path)
+    assert [e["seq"] for e in r.events.to_pylist()] == [1, 2, 3]
+    assert [(s.line, s.reason.split(",")[0]) for s in r.skipped] == [(1, "100000 NUL bytes ignored")]
+
+
+def test_file_of_nul_bytes_only(tmp_path: Path) -> None:
+    path = tmp_path / "zeros.log"
+    with open(path, "wb") as f:
+        f.truncate(20 << 20)
+    assert not sniff(path)
+    with pytest.raises(ReaderError, match="NUL bytes") as e:
+        nccl_log.read(path)
+    assert e.value.file == str(path)
+
+
+def test_binary_garbage_inside_a_log_is_skipped_and_the_rest_is_read(tmp_path: Path) -> None:
+    """A core dump or a torn binary write in the middle of a log: the lines around it are still used."""
+    rnd = random.Random(7)
+    garbage = bytes(rnd.getrandbits(8) for _ in range(1 << 20))
+    before = "".join(_init_lines("0x5501", 0) + _coll_lines(0, "0x5501", 0, 400)).encode()
+    after = "".join(_coll_lines(0, "0x5501", 400, 400)).encode()
+    path = tmp_path / "garbled.log"
+    path.write_bytes(before + garbage + b"\n" + after)
+    assert sniff(path)
+    r = read(path)
+    assert [e["seq"] for e in r.events.to_pylist()] == list(range(1, 801))
+    reasons = " | ".join(s.reason for s in r.skipped)
+    assert "NUL bytes ignored" in reasons and "not UTF-8" in reasons

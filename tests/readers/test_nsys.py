@@ -282,13 +282,29 @@ class TestBadInput:
             nsys.read(other)
         assert e.value.file == str(other)
 
-    def test_truncated_real_export(self, real_export: Path, tmp_path: Path) -> None:
+    def test_truncated_real_export_gives_partial_results(self, real_export: Path, real: nsys.ReadResult,
+                                                        tmp_path: Path) -> None:
+        """An interrupted export or copy: the tables whose pages survived are read, each lost stage is one note."""
         cut = tmp_path / "cut.sqlite"
         data = real_export.read_bytes()
         cut.write_bytes(data[: len(data) // 2])
-        with pytest.raises(ReaderError, match="truncated SQLite database") as e:
+        assert nsys.sniff(cut, _head(cut))
+        result = nsys.read(cut)
+        check_contract(result, "nsys", "nsys", cut)
+        assert result.version == real.version
+        assert 0 < result.events.num_rows < real.events.num_rows
+        assert result.observations.num_rows
+        first = result.skipped[0].reason
+        assert first.startswith("truncated SQLite database") and f"file has {len(data) // 2} bytes" in first
+        lost = [s.reason for s in result.skipped if "not read or only partly" in s.reason]
+        assert lost and all("the file is truncated" in r for r in lost)
+
+    def test_truncated_inside_the_first_page(self, real_export: Path, tmp_path: Path) -> None:
+        cut = tmp_path / "cut.sqlite"
+        cut.write_bytes(real_export.read_bytes()[:2000])
+        with pytest.raises(ReaderError, match="not even the first page") as e:
             nsys.read(cut)
-        assert str(cut) in str(e.value)
+        assert e.value.file == str(cut)
 
     def test_truncated_inside_header(self, tmp_path: Path) -> None:
         cut = tmp_path / "tiny.sqlite"
@@ -322,11 +338,33 @@ class TestBadInput:
             holder.execute("ROLLBACK")
             holder.close()
 
-    def test_corrupt_page_is_reader_error(self, hang_db: Path, tmp_path: Path) -> None:
+    def test_corrupt_table_pages_give_partial_results(self, hang_db: Path, tmp_path: Path) -> None:
+        """A damaged kernel table: its stages become notes, NVTX ranges and processes are still read."""
+        broken = tmp_path / "broken.sqlite"
+        shutil.copy(hang_db, broken)
+        conn = sqlite3.connect(broken)
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = ?",
+                            ("CUPTI_ACTIVITY_KIND_KERNEL",)).fetchone()[0]
+        conn.close()
+        data = bytearray(broken.read_bytes())
+        data[(root - 1) * page_size: root * page_size] = b"\xff" * page_size
+        broken.write_bytes(bytes(data))
+        result = nsys.read(broken)
+        check_contract(result, "nsys", "nsys", broken)
+        lost = [s.reason for s in result.skipped if "not read or only partly" in s.reason]
+        assert any(r.startswith("NCCL kernels:") for r in lost) and all("corrupt export?" in r for r in lost)
+        assert not rows(result.events, kind="complete")          # kernel rows lost
+        assert [r for r in result.events.to_pylist() if r["category"] == "collective" and r["kind"] == "enter"]
+        assert rows(result.observations, kind="nsys_process") and rows(result.observations, kind="pid_rank")
+
+    def test_corrupt_schema_page_is_reader_error(self, hang_db: Path, tmp_path: Path) -> None:
         broken = tmp_path / "broken.sqlite"
         shutil.copy(hang_db, broken)
         data = bytearray(broken.read_bytes())
-        data[4096:8192] = b"\xff" * 4096          # overwrite page 2 (schema or data): malformed, not truncated
+        data[100:4096] = b"\xff" * (4096 - 100)     # page 1 after the file header: the schema table
         broken.write_bytes(bytes(data))
-        with pytest.raises(ReaderError, match=str(broken.name)):
+        assert not nsys.sniff(broken, _head(broken))
+        with pytest.raises(ReaderError, match="unreadable SQLite database") as e:
             nsys.read(broken)
+        assert e.value.file == str(broken)
