@@ -14,6 +14,8 @@ TP group, and every few steps an all_gather of a metric over the world. ``--faul
   queue          every rank blocks in a queue get (a server waiting for work that never comes)
   compute        a few collectives, then compute for --hang-seconds with none, then finish (not a hang)
   slowload       sleep --hang-seconds in "load_weights" before the first collective, then run normally
+  straggler      --fault-rank computes for --hang-seconds at --fault-step (through several functions, so its stack
+                 keeps changing) while the others wait in that step's all_reduce, then joins: slow, not a hang
 
 Runs its own ranks with torch.multiprocessing.spawn, or one rank per process under torchrun (RANK set).
 Pass --timeout so a hung gloo collective raises after that many seconds instead of the default 30 minutes.
@@ -34,7 +36,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--fault", default="none",
                    choices=["none", "skip", "mismatch", "die", "nojoin", "tp-skip", "recv-deadlock", "queue",
-                            "compute", "slowload"])
+                            "compute", "slowload", "straggler"])
     p.add_argument("--fault-rank", type=int, default=None, help="rank that misbehaves (default: last rank)")
     p.add_argument("--fault-step", type=int, default=3)
     p.add_argument("--timeout", type=float, default=30.0, help="gloo collective timeout, seconds")
@@ -59,6 +61,33 @@ def wait_for_request(requests: "queue.Queue[int]", timeout: float) -> int:
     return requests.get(timeout=timeout)
 
 
+def forward_chunk(torch, w):
+    return torch.tanh(w @ w)
+
+
+def backward_chunk(torch, w):
+    return torch.sigmoid(w.T @ w)
+
+
+def optimizer_chunk(torch, w):
+    return w - 0.01 * torch.sign(w @ w.T)
+
+
+def reduce_chunk(torch, w):
+    return (w @ w).softmax(dim=-1)
+
+
+def straggle(torch, seconds: float) -> None:
+    """A rank that computes far longer than its peers (slow device, thermal throttle): busy, changing, not hung."""
+    w = torch.randn(256, 256)
+    chunks = (forward_chunk, backward_chunk, optimizer_chunk, reduce_chunk)
+    deadline = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < deadline:
+        w = chunks[i % len(chunks)](torch, w)
+        i += 1
+
+
 def train_step(dist, torch, args, rank: int, step: int, x, tp_group, world_group) -> None:
     fault, frank = args.fault, args.fault_rank
     partial = x @ x.T  # this rank's shard of the layer
@@ -66,6 +95,8 @@ def train_step(dist, torch, args, rank: int, step: int, x, tp_group, world_group
     if fault == "skip" and at_fault and rank == frank:
         next_batch(queue.Queue(), args.hang_seconds)  # never issues this step's all_reduce
         return
+    if fault == "straggler" and at_fault and rank == frank:
+        straggle(torch, args.hang_seconds)
     if fault == "mismatch" and at_fault and rank == frank:
         dist.broadcast(partial, src=0, group=tp_group)
     elif fault == "tp-skip" and at_fault and rank == 2:

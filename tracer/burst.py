@@ -4,18 +4,26 @@ Non-blocking py-spy dumps (a blocking dump pauses the rank, and its TP peers sta
 process's threads from /proc (state, wchan, CPU time), run concurrently so eight ranks cost about as much as one.
 Every capability that is missing (py-spy not installed, ptrace denied, a process gone between discovery and
 sampling) becomes one line in ``problems`` and the burst goes on with what it can get.
+
+When the monitor dumped the stacks a moment ago (the same tick), it hands those dumps in (``dumps``) instead of
+running py-spy again for the same moment. With ``ras_addr`` set, NCCL's RAS service is asked twice (tracer.ras,
+<= 3 s) concurrently with the dumps, and both answers are saved as ``ras.json``/``ras.txt``.
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tracer.ras import RasPoll
+    from tracer.samplers import StackDump
 
 __all__ = ["BurstResult", "capture_burst", "find_pyspy", "proc_threads"]
 
@@ -25,6 +33,8 @@ class BurstResult:
     directory: Path
     files: list[Path] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    dumps: dict[int, "StackDump"] = field(default_factory=dict)   # the py-spy dumps taken here (not handed in)
+    ras: "RasPoll | None" = None
 
 
 def find_pyspy() -> str | None:
@@ -55,27 +65,21 @@ def proc_threads(pid: int) -> list[dict[str, object]]:
     return out
 
 
-def _dump_one(pyspy: str, pid: int, directory: Path, native: bool, timeout: float) -> tuple[Path | None, str | None]:
-    cmd = [pyspy, "dump", "--nonblocking", "--json", "--pid", str(pid)]
-    if native:
-        cmd.insert(2, "--native")
-    try:
-        res = subprocess.run(cmd, capture_output=True, timeout=timeout, text=True)
-    except subprocess.TimeoutExpired:
-        return None, f"py-spy dump of pid {pid} did not answer within {timeout:.0f} s"
-    if res.returncode != 0 or not res.stdout.strip().startswith("["):
-        msg = (res.stderr or res.stdout).strip().splitlines()
-        text = msg[-1] if msg else f"exit {res.returncode}"
-        if "Permission" in text or "ptrace" in text.lower():
-            text += " (ptrace denied: set kernel.yama.ptrace_scope=0 or run as the job's user with CAP_SYS_PTRACE)"
-        return None, f"py-spy dump of pid {pid} failed: {text}"
+def _dump_one(pyspy: str, pid: int, directory: Path, native: bool, timeout: float
+              ) -> tuple[Path | None, str | None, "StackDump"]:
+    from tracer.samplers import pyspy_dump
+
+    d = pyspy_dump(pyspy, pid, native=native, timeout=timeout)
+    if d.text is None:
+        return None, d.error, d
     path = directory / f"pyspy-{pid}.json"
-    path.write_text(res.stdout)
-    return path, None
+    path.write_text(d.text)
+    return path, None, d
 
 
 def capture_burst(host_dir: Path, pids: list[int], *, native: bool = False, timeout: float = 5.0,
-                  reason: str = "") -> BurstResult:
+                  reason: str = "", dumps: "dict[int, StackDump] | None" = None,
+                  ras_addr: str | None = None) -> BurstResult:
     """Dump every pid into ``host_dir/dumps/<timestamp>/``. Never raises for a process or tool problem."""
     stamp = time.strftime("%Y%m%d-%H%M%S") + f".{int(time.time() * 1000) % 1000:03d}"
     directory = host_dir / "dumps" / stamp
@@ -84,20 +88,49 @@ def capture_burst(host_dir: Path, pids: list[int], *, native: bool = False, time
     live = [p for p in pids if os.path.exists(f"/proc/{p}")]
     for p in sorted(set(pids) - set(live)):
         result.problems.append(f"pid {p} exited before it could be sampled")
+    ras_thread = None
+    if ras_addr:
+        import threading
+
+        from tracer import ras
+
+        def ask() -> None:
+            try:
+                result.ras = ras.poll(ras_addr)
+                ras.save(result.ras, directory)
+                ras.summarize(result.ras)
+            except Exception as e:  # RAS must never cost the burst
+                result.problems.append(f"NCCL RAS query failed: {type(e).__name__}: {e}")
+
+        ras_thread = threading.Thread(target=ask, name="ranktrace-ras", daemon=True)
+        ras_thread.start()
     threads = {p: proc_threads(p) for p in live}
     (directory / "proc.json").write_text(json.dumps({"reason": reason, "wall_ns": time.time_ns(),
                                                       "threads": threads}, indent=1))
     result.files.append(directory / "proc.json")
-    pyspy = find_pyspy()
-    if pyspy is None:
+    given = {p: d for p, d in (dumps or {}).items() if p in live and d.text is not None}
+    for p, d in given.items():
+        path = directory / f"pyspy-{p}.json"
+        path.write_text(d.text or "")
+        result.files.append(path)
+    todo = [p for p in live if p not in given]
+    pyspy = find_pyspy() if todo else None
+    if todo and pyspy is None:
         result.problems.append("py-spy not found: no Python stacks in this burst (pip install py-spy)")
-    elif live:
-        with ThreadPoolExecutor(max_workers=min(8, len(live))) as pool:
-            for path, problem in pool.map(lambda p: _dump_one(pyspy, p, directory, native, timeout), live):
+    elif todo:
+        with ThreadPoolExecutor(max_workers=min(8, len(todo))) as pool:
+            for path, problem, d in pool.map(lambda p: _dump_one(pyspy, p, directory, native, timeout), todo):
+                result.dumps[d.pid] = d
                 if path is not None:
                     result.files.append(path)
                 if problem:
                     result.problems.append(problem)
+    if ras_thread is not None:
+        ras_thread.join(timeout=5.0)
+        if result.ras is not None:
+            result.problems.extend(result.ras.problems)
+            if result.ras.file is not None:
+                result.files.append(result.ras.file)
     if result.problems:
         (directory / "problems.txt").write_text("\n".join(result.problems) + "\n")
     return result

@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 
 from tracer import envplan, hostinfo, meta
 from tracer.monitor import Monitor, MonitorOptions
+from tracer.statusline import StatusLine
 
 __all__ = ["RunOptions", "LaunchError", "RunOutcome", "prepare_run_dir", "launch", "exit_code_of", "describe_exit"]
 
@@ -190,7 +191,16 @@ def launch(
         raise LaunchError(f"cannot run {opts.command[0]!r}: {e.strerror or e}") from e
     pgid = proc.pid
     received: list[int] = []
-    mon = Monitor(run_dir, host_dir, monitor_opts, log=log, show=show) if monitor_opts else None
+    # live status line (stderr on a TTY only); our own lines and reports erase it first
+    status = StatusLine(sys.stderr, enabled=None if monitor_opts else False)
+    log, show = status.wrap(log), status.wrap(show)
+    mon: Monitor | None = None
+    if monitor_opts:
+        try:
+            mon = Monitor(run_dir, host_dir, monitor_opts, log=log, show=show)
+        except Exception as e:  # the watchdog must never take the job down
+            log(f"monitor could not start (monitoring off): {type(e).__name__}: {e}")
+    started = mon  # kept after a monitor error turns ticking off (its hang flag and GPU facts still count)
     pending_interrupt: list[int] = []
 
     def send(signum: int) -> None:
@@ -225,7 +235,13 @@ def launch(
             mon.tick()
         except Exception as e:  # the watchdog must never take the job down
             log(f"monitor error (monitoring off): {type(e).__name__}: {e}")
+            _close_monitor()
             return
+        try:
+            status.update(mon.status_text)
+        except Exception as e:
+            status.enabled = False
+            log(f"status line off: {type(e).__name__}: {e}")
         if mon.kill_requested and not killed:
             killed.append(time.monotonic())
             log("--on-hang kill: terminating the job")
@@ -237,10 +253,24 @@ def launch(
 
     killed: list[float] = []
 
+    def _close_monitor() -> None:
+        nonlocal mon
+        m, mon = mon, None
+        if m is not None:
+            try:
+                m.close()
+            except Exception as e:
+                log(f"monitor close failed: {type(e).__name__}: {e}")
+
     previous = {s: signal.signal(s, forward) for s in FORWARDED}
     gpu_box: dict[str, hostinfo.GpuInfo] = {}
+    # With the monitor, its NVML child (tracer.gpu_sampler) also answers the meta.json GPU facts: NVML is opened
+    # once per run, and its absence is said once.
+    gpu_child = started is not None and started.gpu is not None
     gpu_thread = threading.Thread(target=lambda: gpu_box.setdefault("info", hostinfo.probe_gpus()), daemon=True)
-    gpu_thread.start()
+    if not gpu_child:
+        gpu_thread.start()
+    hang_detected = False
     try:
         returncode = _wait(proc.pid, on_tick, tick_s)
         proc.returncode = returncode
@@ -248,11 +278,18 @@ def launch(
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-    gpu_thread.join(timeout=5)
+        if started is not None:
+            hang_detected = started.hang_detected
+            if gpu_child:
+                gpu_box["info"] = _gpu_info_from(started, log)
+        _close_monitor()
+        status.clear()
+    if not gpu_child:
+        gpu_thread.join(timeout=5)
     gpu = gpu_box.get("info")
-    if gpu is None:
+    if gpu is None and not gpu_child:
         log("NVML did not answer within 5 s (wedged driver?): no GPU details in meta.json")
-    elif gpu.unavailable:
+    elif gpu is not None and gpu.unavailable and not gpu_child:
         log(gpu.unavailable)
     meta.update_meta(
         host_dir,
@@ -264,7 +301,22 @@ def launch(
         driver={"version": gpu.driver, "cuda": gpu.cuda_driver} if gpu else None,
     )
     return RunOutcome(exit_code_of(returncode), returncode, run_dir, host_dir, killed_on_hang=bool(killed),
-                      hang_detected=bool(mon and mon.hang_detected))
+                      hang_detected=hang_detected)
+
+
+def _gpu_info_from(mon: Monitor, log: Callable[[str], None]) -> hostinfo.GpuInfo | None:
+    """meta.json GPU facts from the monitor's NVML child (it already said, once, when NVML is absent)."""
+    try:
+        hello = mon.gpu_hello(wait_s=5.0)
+    except Exception as e:
+        return hostinfo.GpuInfo(unavailable=f"GPU details unavailable: {type(e).__name__}: {e}")
+    if hello is not None:
+        return hostinfo.GpuInfo(driver=hello.get("driver"), cuda_driver=hello.get("cuda_driver"),
+                                gpus=list(hello.get("gpus") or []))
+    if mon.gpu.off is None:
+        mon.gpu.close()
+        log("NVML did not answer within 5 s (wedged driver?): no GPU details in meta.json")
+    return hostinfo.GpuInfo(unavailable=mon.gpu.off or "NVML did not answer")
 
 
 def _wait(pid: int, on_tick: Callable[[], None], tick_s: float) -> int:

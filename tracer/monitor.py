@@ -1,30 +1,51 @@
 """The watchdog inside `trace run`: notices silence, captures evidence, prints a verdict while the job is hung.
 
 Progress, not utilisation (DESIGN §2). Each second it reads cheap signals — new recorder records in any rank's
-ring, ``rchar``/``wchar``, major faults and RSS growth in /proc, the process set itself — and once those have been
-quiet for a while it also samples stacks (non-blocking py-spy): a non-poller thread that is on the CPU outside a
-known wait, or a stack that changed since the last sample, is progress too (a rank computing for minutes writes
-no records). Our own sampling never counts: py-spy reads memory from outside, it does not touch the job's I/O
-counters.
+ring, storage I/O, major faults and RSS growth in /proc, GPU memory growth, the process set itself — and it samples
+stacks (non-blocking py-spy) every ``stack_every`` seconds, more often once those signals have been quiet for a
+while: a non-poller thread that is on the CPU outside a known wait, or a stack that changed since the last sample,
+is progress too (a rank computing for minutes writes no records). Our own sampling never counts: py-spy reads
+memory from outside, it does not touch the job's I/O counters.
+
+The same reads are kept as samples (tracer.samplers): the /proc read of each tick is a row of
+``samples/proc.arrow``, each py-spy round is a sample of ``samples/stacks.arrow``, and a child process asks NVML for
+``samples/gpu.arrow`` (tracer.gpu_sampler). Nothing is read twice for the same moment: a burst reuses the dumps
+of its own tick, and its fresh dumps become samples. Each rank's ring is followed incrementally (samplers.RingTail),
+which also feeds the live status line (rank count, last seq per group, quiet time, phase).
 
 Silence = no progress for ``hang_after`` seconds (``startup_hang_after`` until the first collective was recorded:
-loading weights can take minutes). On silence: a burst into ``dumps/<timestamp>/``, an early one-line picture from
-the rings, then the full analysis, written to ``<run>/verdict.json``. ``on_hang`` decides what follows: ``report``
-(keep watching, report again only when the picture changes), ``kill`` (terminate the job; `trace run` exits 3),
-``wait`` (record only).
+loading weights can take minutes). On silence: a burst into ``dumps/<timestamp>/`` (with two NCCL RAS answers when
+a RAS service listens: counts that still move mean NCCL is issuing work, so no hang is reported), an early one-line
+picture from the rings, then the full analysis, written to ``<run>/verdict.json``. ``on_hang`` decides what follows:
+``report`` (keep watching, report again only when the picture changes), ``kill`` (terminate the job; `trace run`
+exits 3), ``wait`` (record only). A sampler that fails says so in one line and stops; the watchdog goes on.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from tracer import burst, ringformat
 
 __all__ = ["MonitorOptions", "Monitor", "ring_progress", "proc_counters"]
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        v = float(os.environ.get(name, ""))
+        return v if v > 0 else default
+    except ValueError:
+        return default
+
+
+def _env_ras() -> str | None:
+    from tracer import ras
+
+    return ras.default_addr()
 
 
 @dataclass(frozen=True)
@@ -32,9 +53,17 @@ class MonitorOptions:
     hang_after: float = 60.0
     startup_hang_after: float = 600.0
     on_hang: str = "report"          # report | kill | wait
-    interval: float = 1.0
-    stack_interval: float = 3.0
+    interval: float = 1.0            # cheap signals and the /proc sample
+    stack_interval: float = 3.0      # fastest stack sampling, while quiet
     native_stacks: bool = False
+    # sampling (environment overrides: RANKTRACE_STACK_EVERY, RANKTRACE_GPU_EVERY, RANKTRACE_FLUSH_EVERY,
+    # RANKTRACE_SAMPLES=0 turns the sample files off; NCCL_RAS_ADDR / NCCL_RAS_ENABLE=0 as NCCL reads them)
+    stack_every: float = field(default_factory=lambda: _env_float("RANKTRACE_STACK_EVERY", 10.0))
+    gpu_every: float = field(default_factory=lambda: _env_float("RANKTRACE_GPU_EVERY", 2.0))
+    flush_every: float = field(default_factory=lambda: _env_float("RANKTRACE_FLUSH_EVERY", 5.0))
+    samples: bool = field(default_factory=lambda: os.environ.get("RANKTRACE_SAMPLES", "1") != "0")
+    gpu: bool = field(default_factory=lambda: os.environ.get("RANKTRACE_GPU", "1") != "0")
+    ras_addr: str | None = field(default_factory=_env_ras)
 
 
 def ring_progress(path: Path) -> tuple[int, int]:
@@ -68,35 +97,23 @@ def proc_counters(pid: int) -> tuple[int, int, int] | None:
     Not rchar/wchar: those count socket traffic, and a rank polling the rendezvous store inside
     init_process_group (or an NCCL proxy) moves them forever while making no progress at all.
     """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        fields = stat[stat.rindex(b")") + 2:].split()
-        majflt, rss = int(fields[9]), int(fields[21])
-        io = 0
-        try:
-            with open(f"/proc/{pid}/io") as f:
-                for line in f:
-                    if line.startswith(("read_bytes", "write_bytes")):
-                        io += int(line.split()[1])
-        except OSError:
-            pass
-        if fields[0] == b"Z":
-            return None
-        return (io, majflt, rss)
-    except (OSError, ValueError, IndexError):
-        return None
+    from tracer.samplers import ProcSampler
+
+    c = ProcSampler(None).sample([pid]).get(pid)
+    return None if c is None else (c.io, c.majflt, c.rss_pages)
 
 
 @dataclass
 class _State:
     last_progress: float
-    rings: dict[Path, tuple[int, int]] = field(default_factory=dict)
     procs: dict[int, tuple[int, int, int]] = field(default_factory=dict)
-    stacks: dict[int, tuple] = field(default_factory=dict)
+    stacks: dict[int, tuple[tuple, float]] = field(default_factory=dict)   # pid -> (signature, when)
+    gpu_mem: dict[tuple[Any, Any], int] = field(default_factory=dict)
     saw_collective: bool = False
     last_sample: float = 0.0
-    last_stack_sample: float = 0.0
+    last_stack_sample: float = float("-inf")
+    last_gpu_request: float = float("-inf")
+    last_flush: float = 0.0
     reported: str | None = None     # the picture last reported (report again only when it changes)
     hang_reported_at: float | None = None
 
@@ -107,11 +124,45 @@ class Monitor:
     def __init__(self, run_dir: Path, host_dir: Path, opts: MonitorOptions, *,
                  log: Callable[[str], None], show: Callable[[str], None],
                  clock: Callable[[], float] = time.monotonic) -> None:
+        from tracer import samplers
+
         self.run_dir, self.host_dir, self.opts = run_dir, host_dir, opts
         self.log, self.show, self.clock = log, show, clock
         self.state = _State(last_progress=clock())
+        self.state.last_sample = clock() - opts.interval
         self.kill_requested = False
         self.hang_detected = False
+        self.tails: dict[Path, samplers.RingTail] = {}
+        self.off: set[str] = set()           # samplers switched off after a failure (said once each)
+        self.pyspy = burst.find_pyspy()
+        self._said_no_pyspy = False
+        self._ras_off = opts.ras_addr is None
+        self.proc_log = self.stack_log = self.gpu_log = None
+        if opts.samples:
+            try:
+                d = host_dir / "samples"
+                self.proc_log = samplers.ArrowStreamLog(d / "proc.arrow", samplers.PROC_SCHEMA)
+                self.stack_log = samplers.ArrowStreamLog(d / "stacks.arrow", samplers.STACKS_SCHEMA)
+                self.gpu_log = samplers.ArrowStreamLog(d / "gpu.arrow", samplers.GPU_SCHEMA)
+            except OSError as e:
+                self._fail("samples", e)
+        self.procs = samplers.ProcSampler(self.proc_log)
+        self.stack_sampler = samplers.StackSampler(self.stack_log)
+        self.gpu: Any = None
+        if opts.gpu:
+            from tracer.gpu_sampler import GpuSampler
+
+            self.gpu = GpuSampler(log=log)
+            try:
+                self.gpu.start()
+            except Exception as e:
+                self._fail("gpu", e)
+
+    def _fail(self, what: str, err: BaseException) -> None:
+        """One line, that sampler off, the watchdog goes on."""
+        if what not in self.off:
+            self.off.add(what)
+            self.log(f"{what} sampling off: {type(err).__name__}: {err}")
 
     # --- sampling -----------------------------------------------------------------------------------------
     def pids(self) -> list[int]:
@@ -122,52 +173,99 @@ class Monitor:
                 out.append(int(head))
         return sorted(set(out))
 
+    def ranks(self) -> dict[int, int | None]:
+        """pid -> rank from the rings' identity records (None until the rank is known)."""
+        return {t.pid: t.rank for t in self.tails.values() if t.pid}
+
     def _cheap_progress(self) -> bool:
+        from tracer import samplers
+
         moved = False
         st = self.state
         for ring in (self.host_dir / "rings").glob("*.ring"):
-            try:
-                prog = ring_progress(ring)
-            except (OSError, ValueError):
-                continue
-            if st.rings.get(ring) != prog:
+            tail = self.tails.get(ring)
+            if tail is None:
+                tail = self.tails[ring] = samplers.RingTail(ring)
+            if tail.update():
                 moved = True
-                if prog[0] > 0:
-                    st.saw_collective = True
-            st.rings[ring] = prog
+            if tail.newest > 0:
+                st.saw_collective = True
+        pids = self.pids()
+        try:
+            counters = self.procs.sample(pids, self.ranks(), threads="proc" not in self.off)
+        except Exception as e:  # a /proc surprise or a full disk: keep the progress reads, drop the rows
+            self._fail("proc", e)
+            self.procs.log = None
+            counters = samplers.ProcSampler(None).sample(pids)
         seen = {}
-        for pid in self.pids():
-            c = proc_counters(pid)
-            if c is None:
-                continue
-            seen[pid] = c
+        for pid, c in counters.items():
+            seen[pid] = (c.io, c.majflt, c.rss_pages)
             old = st.procs.get(pid)
-            if old is None or c[0] != old[0] or c[1] != old[1] or c[2] > old[2] + 256:  # io, faults, RSS +1 MiB
+            if old is None or c.io != old[0] or c.majflt != old[1] or c.rss_pages > old[2] + 256:  # RSS +1 MiB
                 moved = True
         if set(seen) != set(st.procs):
             moved = True  # a process started or ended
         st.procs = seen
         return moved
 
-    def _stack_progress(self) -> bool:
-        """Sample stacks (non-blocking): running non-poller threads, or changed stacks, are progress."""
+    def _gpu_tick(self, now: float) -> bool:
+        """Collect GPU answers (never waits), ask for the next one when due; True when a process's GPU memory grew."""
+        if self.gpu is None or "gpu" in self.off:
+            return False
+        moved = False
+        try:
+            rows = self.gpu.poll()
+            ranks = self.ranks()
+            for r in rows:
+                if r.get("pid") is not None:
+                    r["rank"] = ranks.get(r["pid"])
+                if r.get("kind") == "process" and r.get("mem_used") is not None:
+                    key = (r.get("gpu"), r["pid"])
+                    old = self.state.gpu_mem.get(key)
+                    if old is not None and r["mem_used"] > old + (64 << 20):
+                        moved = True
+                    self.state.gpu_mem[key] = r["mem_used"]
+                if self.gpu_log is not None:
+                    self.gpu_log.add(r)
+            if now - self.state.last_gpu_request >= self.opts.gpu_every and self.gpu.active:
+                self.gpu.request()
+                self.state.last_gpu_request = now
+        except Exception as e:
+            self._fail("gpu", e)
+            self.gpu.close()
+        return moved
+
+    def _quiet_stack_interval(self) -> float:
+        return max(self.opts.stack_interval, min(self.opts.stack_every, self.threshold() / 8))
+
+    def sample_stacks(self, trigger: str) -> dict[int, Any]:
+        """One non-blocking py-spy round over every rank, recorded in stacks.arrow; {} without py-spy."""
+        from tracer import samplers
+
+        if self.pyspy is None:
+            if not self._said_no_pyspy:
+                self._said_no_pyspy = True
+                self.log("py-spy not found: no stack samples, silence is judged on records and /proc only "
+                         "(pip install py-spy)")
+            return {}
+        dumps = samplers.dump_all(self.pyspy, self.pids())
+        if "stacks" not in self.off:
+            try:
+                self.stack_sampler.record(dumps, self.ranks(), trigger)
+            except Exception as e:
+                self._fail("stacks", e)
+        return dumps
+
+    def _stack_progress(self, dumps: dict[int, Any]) -> bool:
+        """Running non-poller threads, or changed stacks, are progress."""
         from analyzers import hoststate
 
-        pyspy = burst.find_pyspy()
-        if pyspy is None:
-            return False
-        import subprocess
-
         moved = False
-        for pid in self.pids():
-            try:
-                res = subprocess.run([pyspy, "dump", "--nonblocking", "--json", "--pid", str(pid)],
-                                     capture_output=True, text=True, timeout=5)
-                threads = json.loads(res.stdout) if res.returncode == 0 else []
-            except (subprocess.TimeoutExpired, ValueError, OSError):
+        for pid, d in dumps.items():
+            if d.error is not None:
                 continue
             sig = []
-            for t in threads:
+            for t in d.threads:
                 name = t.get("thread_name") or ""
                 frames = tuple(f"{f.get('name')} ({f.get('filename')}:{f.get('line')})" for f in t.get("frames", []))
                 if hoststate.is_poller(name, frames):
@@ -179,10 +277,71 @@ class Monitor:
                 if t.get("active") and state == "running":
                     moved = True
             key = tuple(sig)
-            if self.state.stacks.get(pid) not in (None, key):
+            prev = self.state.stacks.get(pid)
+            # a change counts only against a sample taken within this quiet spell: a change since a sample from
+            # before the last progress is that same, already counted, progress (periodic samples predate it)
+            if prev is not None and prev[0] != key and prev[1] >= self.state.last_progress:
                 moved = True
-            self.state.stacks[pid] = key
+            self.state.stacks[pid] = (key, self.clock())
         return moved
+
+    def flush(self) -> None:
+        for lg in (self.proc_log, self.stack_log, self.gpu_log):
+            if lg is not None:
+                try:
+                    lg.flush()
+                except Exception as e:
+                    self._fail("samples", e)
+                    self.proc_log = self.stack_log = self.gpu_log = self.procs.log = self.stack_sampler.log = None
+                    return
+
+    def close(self) -> None:
+        """At the end of the run: last batches out, files closed, the GPU child ended."""
+        if self.gpu is not None:
+            try:
+                rows = self.gpu.poll()
+                if self.gpu_log is not None:
+                    for r in rows:
+                        self.gpu_log.add(r)
+            except Exception:
+                pass
+            self.gpu.close()
+        for lg in (self.proc_log, self.stack_log, self.gpu_log):
+            if lg is not None:
+                try:
+                    lg.close()
+                except Exception as e:
+                    self._fail("samples", e)
+
+    def gpu_hello(self, wait_s: float = 5.0) -> dict[str, Any] | None:
+        """The GPU child's hello (driver, GPUs) for meta.json; None when NVML is absent or did not answer."""
+        if self.gpu is None:
+            return None
+        h = self.gpu.hello if self.gpu.hello is not None else self.gpu.wait_hello(wait_s)
+        return h if h and h.get("ok") else None
+
+    # --- the live status line -----------------------------------------------------------------------------
+    def status_text(self, width: int = 100) -> str:
+        from tracer import statusline
+
+        ranked = [t for t in self.tails.values() if t.rank is not None]
+        alive = sum(1 for t in ranked if not t.exited and os.path.exists(f"/proc/{t.pid}"))
+        world = max((t.world for t in ranked if t.world), default=None)
+        groups: dict[str, dict[int, int]] = {}
+        phases: Counter[str] = Counter()
+        for t in ranked:
+            for g, seq in t.group_seq.items():
+                groups.setdefault(g, {})[t.rank] = seq  # type: ignore[index]
+            if t.exited or not os.path.exists(f"/proc/{t.pid}"):
+                phases["exited"] += 1
+            else:
+                phases[t.phase or ("init" if t.in_init else ("running" if t.newest else "setup"))] += 1
+        phase = phases.most_common(1)[0][0] if phases else "starting"
+        if len(phases) > 1:
+            phase += " (" + ", ".join(f"{n} {p}" for p, n in phases.most_common()[1:3]) + ")"
+        if self.state.hang_reported_at is not None:
+            phase += ", hang reported"
+        return statusline.format_status(alive, len(ranked), world, groups, self.silent_for(), phase, width)
 
     # --- the loop ----------------------------------------------------------------------------------------
     def silent_for(self) -> float:
@@ -198,11 +357,18 @@ class Monitor:
             return
         st.last_sample = now
         progressed = self._cheap_progress()
+        progressed = self._gpu_tick(now) or progressed
         quiet = now - st.last_progress
-        if not progressed and quiet >= min(5.0, self.threshold() / 3) and \
-                now - st.last_stack_sample >= self.opts.stack_interval:
+        quiet_due = (not progressed and quiet >= min(5.0, self.threshold() / 3)
+                     and now - st.last_stack_sample >= self._quiet_stack_interval())
+        dumps: dict[int, Any] | None = None
+        if quiet_due or now - st.last_stack_sample >= self.opts.stack_every:
             st.last_stack_sample = now
-            progressed = self._stack_progress()
+            dumps = self.sample_stacks("quiet" if quiet_due else "periodic")
+            progressed = self._stack_progress(dumps) or progressed
+        if now - st.last_flush >= self.opts.flush_every:
+            st.last_flush = now
+            self.flush()
         if progressed:
             if st.hang_reported_at is not None:
                 self.log(f"progress again after {now - st.hang_reported_at:.0f} s: the job moved on")
@@ -211,15 +377,28 @@ class Monitor:
             return
         if quiet >= self.threshold() and st.hang_reported_at is None:
             st.hang_reported_at = now
-            self.on_silence(quiet)
+            self.on_silence(quiet, dumps=dumps)
 
-    def on_silence(self, quiet: float, reason: str = "silence") -> None:
-        """Burst, early line, full verdict; then act per on_hang."""
+    def on_silence(self, quiet: float, reason: str = "silence", dumps: dict[int, Any] | None = None) -> None:
+        """Burst (reusing this tick's stack dumps), NCCL RAS, early line, full verdict; then act per on_hang."""
         pids = self.pids()
+        ras_addr = None if self._ras_off else self.opts.ras_addr
         res = burst.capture_burst(self.host_dir, pids, native=self.opts.native_stacks,
-                                  reason=f"{reason} after {quiet:.0f} s")
+                                  reason=f"{reason} after {quiet:.0f} s",
+                                  dumps=None if self.opts.native_stacks else dumps, ras_addr=ras_addr)
+        if res.dumps and "stacks" not in self.off:
+            try:
+                self.stack_sampler.record(res.dumps, self.ranks(), "burst")
+                self._stack_progress(res.dumps)   # keep the signatures current for the next comparison
+            except Exception as e:
+                self._fail("stacks", e)
         for p in res.problems:
             self.log(p)
+        if self._ras_said(res.ras) and reason == "silence":
+            now = self.clock()
+            self.state.last_progress = now
+            self.state.hang_reported_at = None
+            return
         early = self.early_line()
         self.log(f"{quiet:.0f} s silent: {early}" if early else f"{quiet:.0f} s silent")
         picture = self.analyze()
@@ -228,6 +407,32 @@ class Monitor:
             self.kill_requested = True
         elif self.opts.on_hang == "report" and picture is not None:
             self.hang_detected = True
+
+    def _ras_said(self, res: Any) -> bool:
+        """Log what RAS said (once if absent). True when its op counts moved: NCCL still issues work."""
+        if res is None:
+            return False
+        if res.absent:
+            self._ras_off = True
+            self.log(res.absent)
+            return False
+        s = res.summary or {}
+        missing = sorted({(m.get("group"), m.get("rank")) for m in s.get("missing", [])}, key=str)
+        dead = s.get("dead", [])
+        if missing or dead:
+            what = []
+            if missing:
+                what.append("missing " + ", ".join(f"rank {r} of {g}" for g, r in missing[:6]))
+            if dead:
+                what.append("dead " + ", ".join(f"pid {d.get('pid')}" if d.get("rank") is None else
+                                                 f"rank {d.get('rank')} of {d.get('group')}" for d in dead[:6]))
+            self.log("NCCL RAS: " + "; ".join(what))
+        if s.get("moved"):
+            changes = [c for comm in s.get("comms", {}).values() for c in comm.get("changes", [])]
+            self.log("NCCL RAS: launched-op counts moved between two answers (" + ", ".join(changes[:4]) +
+                     "): NCCL is still issuing work, not reporting a hang")
+            return True
+        return False
 
     def early_line(self) -> str:
         """'ranks 0-2 in all_reduce group 0 seq 5; rank 3 in nothing' from the live rings, before the analysis."""
