@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
@@ -196,6 +197,16 @@ def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], 
                 results.append(ranktrace_ring.read(ring, host=host))
             except ReaderError as e:
                 skipped.append(Skipped(str(ring), None, e.reason))
+    if (hd / "samples").is_dir() or (hd / "dumps").is_dir():
+        # the monitor's periodic samples (stacks, /proc, GPU) and the RAS pairs its bursts saved; sampled stacks of
+        # a job that completed cleanly are older than its end, so only their observations are kept then
+        from analyzers.readers import ranktrace_samples
+
+        exit_info = (meta or {}).get("exit") or {}
+        clean = exit_info.get("exit_code") == 0 and not exit_info.get("killed_on_hang")
+        got, problems = ranktrace_samples.read_host(hd, host=host, with_stacks=not clean)
+        results.extend(got)
+        skipped.extend(problems)
     for sub in ("dumps", "nccl", "logs"):
         if (hd / sub).is_dir():
             files.extend(_walk(hd / sub))
@@ -204,11 +215,17 @@ def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], 
 
 
 def _fill_ranks(inputs: Inputs) -> None:
-    """Fill null ranks: pid -> rank from events of the same host, else the file name."""
+    """Fill null ranks: pid -> rank from events of the same host, else the file name.
+
+    Vectorised: the rank is decided once per distinct (host, pid, file) among the rows that lack one.
+    """
+    tables = (inputs.events, inputs.stacks, inputs.observations)
+    if not any(t.num_rows and t["rank"].null_count for t in tables):
+        return
     from analyzers.readers import rankinfer
 
     ev = inputs.events
-    known = ev.filter(pc.is_valid(ev["rank"])).select(["host", "pid", "rank"])
+    known = ev.select(["host", "pid", "rank"]).filter(pc.is_valid(ev["rank"]))
     pid_rank: dict[tuple[Any, Any], int] = {}
     for row in known.group_by(["host", "pid"], use_threads=False).aggregate([("rank", "max")]).to_pylist():
         pid_rank[(row["host"], row["pid"])] = row["rank_max"]
@@ -217,26 +234,42 @@ def _fill_ranks(inputs: Inputs) -> None:
             if info.get("rank") is not None:
                 pid_rank.setdefault((h_run.host_dir.name, int(pid)), info["rank"])
     pid_only = {p: r for (_h, p), r in pid_rank.items()}
+    by_name: dict[str, int | None] = {}
+
+    def rank_of(host: Any, pid: Any, fname: Any) -> int | None:
+        r = pid_rank.get((host, pid))
+        if r is None and host is None and pid is not None:
+            r = pid_only.get(pid)
+        if r is None and fname:
+            if fname not in by_name:
+                by_name[fname] = rankinfer.rank_from_name(Path(fname).name)
+            r = by_name[fname]
+        return r
+
+    def codes(a: pa.ChunkedArray) -> np.ndarray:
+        enc = pc.dictionary_encode(a.combine_chunks())
+        return np.asarray(pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
 
     def fill(table: pa.Table) -> pa.Table:
         if table.num_rows == 0 or table["rank"].null_count == 0:
             return table
-        ranks = table["rank"].to_pylist()
-        hosts, pids, fnames = table["host"].to_pylist(), table["pid"].to_pylist(), table["file"].to_pylist()
-        cache: dict[str, int | None] = {}
-        for i, r in enumerate(ranks):
-            if r is not None:
-                continue
-            r = pid_rank.get((hosts[i], pids[i]))
-            if r is None and hosts[i] is None and pids[i] is not None:
-                r = pid_only.get(pids[i])
-            if r is None and fnames[i]:
-                f = fnames[i]
-                if f not in cache:
-                    cache[f] = rankinfer.rank_from_name(Path(f).name)
-                r = cache[f]
-            ranks[i] = r
-        return table.set_column(table.schema.get_field_index("rank"), "rank", pa.array(ranks, pa.int32()))
+        rank = table["rank"].combine_chunks()
+        missing = np.flatnonzero(np.asarray(pc.is_null(rank).to_numpy(zero_copy_only=False), dtype=bool))
+        sub = table.select(["host", "pid", "file"]).take(pa.array(missing))
+        combo = np.zeros(len(missing), dtype=np.int64)
+        for name in ("host", "pid", "file"):  # one int per distinct (host, pid, file)
+            part = codes(sub[name])
+            combo = combo * (int(part.max()) + 2) + part + 1
+            combo = codes(pa.chunked_array([pa.array(combo)]))
+        first = np.full(int(combo.max()) + 1, len(missing), dtype=np.int64)
+        np.minimum.at(first, combo, np.arange(len(missing)))
+        per_combo = [rank_of(r["host"], r["pid"], r["file"]) for r in sub.take(pa.array(first)).to_pylist()]
+        values = np.asarray(pc.fill_null(rank, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+        values[missing] = np.array([0 if r is None else r for r in per_combo], dtype=np.int64)[combo]
+        still = np.zeros(len(values), dtype=bool)
+        still[missing] = np.array([r is None for r in per_combo], dtype=bool)[combo]
+        filled = pa.array(values, pa.int32(), mask=still if still.any() else None)
+        return table.set_column(table.schema.get_field_index("rank"), "rank", filled)
 
     inputs.events = fill(inputs.events)
     inputs.stacks = fill(inputs.stacks)

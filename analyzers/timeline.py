@@ -18,15 +18,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from analyzers import schema
 
-__all__ = ["OPS", "build_ops", "OpenSpan", "open_spans", "last_phase", "BLOCKING_COMPLETE_BACKENDS"]
+__all__ = ["OPS", "build_ops", "last_issued", "OpenSpan", "open_spans", "last_phase", "BLOCKING_COMPLETE_BACKENDS"]
 
 BLOCKING_COMPLETE_BACKENDS = ("gloo",)
-NO_COMPLETION_SOURCES = ("nccl", "watchdog")
+# Sources that never say an op finished (our own hooks on NCCL or --hook backends record issue and return only;
+# NCCL COLL lines, watchdog lines and Kineto annotations likewise): an op followed by a later one on the same channel
+# of the same rank is taken as done, so the engine looks at where ranks diverge, not at every op still in flight.
+NO_COMPLETION_SOURCES = ("nccl", "watchdog", "kineto", "events")
 
 OPS = pa.schema(
     [
@@ -41,78 +45,281 @@ OPS = pa.schema(
 )
 
 
+_SENDS = ("send", "isend", "send_object_list")
+_FIRST_COLS = ("name", "category", "group", "group_desc", "backend", "peer", "dtype", "shape", "nbytes", "callsite",
+               "error", "source", "file", "line")
+
+
+Column = pa.ChunkedArray | pa.Array
+
+
+def _flat(col: Column) -> pa.Array:
+    """One contiguous array (copies a many-chunk column: only for small tables)."""
+    if isinstance(col, pa.ChunkedArray):
+        return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    return col
+
+
+def _np(arr: Column) -> np.ndarray:
+    """numpy values of an array or chunked array without nulls (a copy only where needed: chunks, booleans)."""
+    return arr.to_numpy(zero_copy_only=False) if isinstance(arr, pa.Array) else arr.to_numpy()
+
+
+def _ints(arr: Column) -> np.ndarray:
+    """int64 values of an integer array without nulls."""
+    return np.asarray(_np(arr), dtype=np.int64)
+
+
+def _codes(arr: Column, value_set: list[str]) -> np.ndarray:
+    """Index of each value in `value_set` (int32; -1 for null or any other value)."""
+    idx = pc.index_in(arr, value_set=pa.array(value_set))
+    return np.asarray(_np(pc.fill_null(idx, -1) if idx.null_count else idx), np.int32)
+
+
+def _bools(arr: Column) -> np.ndarray:
+    """A boolean array as numpy, null = False."""
+    if arr.null_count:
+        arr = pc.fill_null(arr, False)
+    return np.asarray(_np(arr), dtype=bool)
+
+
+def _bounds(values: np.ndarray, where: np.ndarray) -> tuple[int, int]:
+    """(min, max) of `values` where `where` is set (some is)."""
+    info = np.iinfo(values.dtype)
+    return int(values.min(where=where, initial=info.max)), int(values.max(where=where, initial=info.min))
+
+
+def _dict_codes(arr: Column) -> tuple[np.ndarray, pa.Array]:
+    """Dictionary-encode: int32 codes (null -> -1, first-seen order) and the dictionary."""
+    enc = pc.dictionary_encode(arr)
+    if isinstance(enc, pa.ChunkedArray):  # one dictionary, shared by all chunks
+        dictionary = enc.chunk(0).dictionary if enc.num_chunks else pa.array([], arr.type)
+        indices = pa.chunked_array([c.indices for c in enc.chunks], pa.int32())
+    else:
+        dictionary, indices = enc.dictionary, enc.indices
+    indices = pc.fill_null(indices, -1) if indices.null_count else indices
+    return np.asarray(_np(indices), dtype=np.int32), dictionary
+
+
+def _take(col: Column, idx: np.ndarray, missing: np.ndarray | None = None) -> Column:
+    """``col[idx]`` (null where `missing`), taken chunk by chunk: a many-chunk column is never concatenated."""
+    if isinstance(col, pa.Array) or col.num_chunks == 1:
+        return _flat(col).take(pa.array(idx, mask=missing))
+    ascending = idx.size < 2 or bool(np.all(idx[1:] >= idx[:-1]))
+    order = None if ascending else np.argsort(idx, kind="stable")
+    sidx = idx if order is None else idx[order]
+    smissing = missing if order is None or missing is None else missing[order]
+    bounds = np.cumsum([0] + [len(c) for c in col.chunks])
+    cuts = np.searchsorted(sidx, bounds)
+    pieces = [chunk.take(pa.array(sidx[lo:hi] - base, mask=None if smissing is None else smissing[lo:hi]))
+              for chunk, base, lo, hi in zip(col.chunks, bounds[:-1], cuts[:-1], cuts[1:]) if hi > lo]
+    out = pa.chunked_array(pieces, col.type)
+    if order is None:
+        return out
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(order.size)
+    return out.take(pa.array(inverse))
+
+
+def _op_order(rank: np.ndarray, t: np.ndarray, t_missing: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Permutation sorting ops by (rank, t) ascending, missing t last, ties by `first` (a unique int per op)."""
+    by_first = np.argsort(first, kind="stable")
+    tv = np.where(t_missing, 0, t)
+    t0, t1, r0 = int(tv.min()), int(tv.max()), int(rank.min())
+    if (t1 - t0 + 1) * 2 * (int(rank.max()) - r0 + 1) < 2**62:
+        # (rank, missing, t) packed into one int64; stable sorts of a few sorted runs are near-linear
+        key = ((rank.astype(np.int64) - r0) * 2 + t_missing) * (t1 - t0 + 1) + (tv - t0)
+        return by_first[np.argsort(key[by_first], kind="stable")]
+    return pc.sort_indices(pa.table({"rank": rank, "t": pa.array(t, mask=t_missing), "first": first}),
+                           sort_keys=[("rank", "ascending"), ("t", "ascending"), ("first", "ascending")]).to_numpy()
+
+
 def build_ops(events: pa.Table) -> pa.Table:
-    """One row per (rank, chan, seq) with issued / returned / errored / completed flags."""
-    ev = events.filter(
-        pc.and_(pc.is_in(events["category"], value_set=pa.array(["collective", "p2p"])),
-                pc.and_(pc.is_valid(events["seq"]), pc.is_valid(events["rank"])))
-    )
-    if ev.num_rows == 0:
+    """One row per (rank, chan, seq) with issued / returned / errored / completed flags.
+
+    Vectorised: the op rows are grouped by one stable numpy sort of a packed (rank, chan, seq) key (a rank's
+    events arrive nearly in that order, so the sort is close to linear; every other row goes to one trailing group
+    that is dropped), and every per-op value is a segment reduction (``ufunc.reduceat``) or one ``take`` of its
+    column. Per op: the descriptive columns are the first non-null value in event order (``state`` the last one),
+    t_enter/wall_enter the earliest enter, each flag whether any of its events says so. Ops come out ordered by
+    (rank, t_enter), t_enter nulls last, ties in the order of their first event.
+    """
+    n = events.num_rows
+    if n == 0:
         return schema.empty(OPS)
-    is_p2p = pc.equal(ev["category"], "p2p")
-    is_send = pc.is_in(ev["name"], value_set=pa.array(["send", "isend", "send_object_list"]))
-    src = pc.if_else(is_send, ev["rank"], ev["peer"])
-    dst = pc.if_else(is_send, ev["peer"], ev["rank"])
-    grp = pc.fill_null(ev["group"], "")
-    chan = pc.if_else(
-        is_p2p,
-        pc.binary_join_element_wise(grp, pc.cast(pc.fill_null(src, -1), pa.string()), "|"),
-        grp,
-    )
-    chan = pc.if_else(is_p2p, pc.binary_join_element_wise(chan, pc.cast(pc.fill_null(dst, -1), pa.string()), ">"), chan)
-    kind = ev["kind"]
+    col = events.column
+    category = _codes(col("category"), ["collective", "p2p"])
+    is_op = (category >= 0) & _bools(pc.is_valid(col("seq"))) & _bools(pc.is_valid(col("rank")))
+    n_op = int(np.count_nonzero(is_op))
+    if n_op == 0:
+        return schema.empty(OPS)
+    others = n_op < n  # rows that are not ops: grouped last, dropped
 
-    def flag(k: str) -> pa.Array:
-        return pc.cast(pc.equal(kind, k), pa.int8())
+    is_send = pc.is_in(col("name"), value_set=pa.array(_SENDS))
+    if pc.any(is_send).as_py():
+        src, dst = pc.if_else(is_send, col("rank"), col("peer")), pc.if_else(is_send, col("peer"), col("rank"))
+    else:  # the common case, no sends: skip two passes
+        src, dst = col("peer"), col("rank")
+    grp = pc.fill_null(col("group"), "")
+    is_p2p = pa.array(category == 1)
+    if bool(np.any((category == 1) & is_op)):
+        chan = pc.if_else(is_p2p, pc.binary_join_element_wise(grp, pc.cast(pc.fill_null(src, -1), pa.string()), "|"),
+                          grp)
+        chan = pc.if_else(is_p2p, pc.binary_join_element_wise(chan, pc.cast(pc.fill_null(dst, -1), pa.string()), ">"),
+                          chan)
+    else:
+        chan = grp
+    c, chan_dict = _dict_codes(chan)
+    r = np.asarray(_np(pc.fill_null(col("rank"), 0)))  # int32
+    s = _ints(pc.fill_null(col("seq"), 0))
 
-    enter_t = pc.if_else(pc.equal(kind, "enter"), ev["t_ns"], pa.scalar(None, pa.int64()))
-    enter_w = pc.if_else(pc.equal(kind, "enter"), ev["wall_ns"], pa.scalar(None, pa.int64()))
-    t = pa.table(
-        {
-            "rank": ev["rank"], "chan": chan, "seq": ev["seq"], "name": ev["name"], "category": ev["category"],
-            "group": ev["group"], "group_desc": ev["group_desc"], "backend": ev["backend"], "peer": ev["peer"],
-            "src": src, "dst": dst, "dtype": ev["dtype"], "shape": ev["shape"], "nbytes": ev["nbytes"],
-            "callsite": ev["callsite"], "t_enter": enter_t, "wall_enter": enter_w,
-            "f_enter": flag("enter"), "f_exit": flag("exit"), "f_error": flag("error"), "f_complete": flag("complete"),
-            "async_op": pc.cast(pc.fill_null(ev["async_op"], False), pa.int8()),
-            "capturing": pc.cast(pc.fill_null(ev["capturing"], False), pa.int8()),
-            "error": ev["error"], "source": ev["source"], "file": ev["file"], "line": ev["line"], "state": ev["state"],
-        }
-    )
-    agg = t.group_by(["rank", "chan", "seq"], use_threads=False).aggregate(
-        [(c, "first") for c in ("name", "category", "group", "group_desc", "backend", "peer", "src", "dst", "dtype",
-                                "shape", "nbytes", "callsite", "error", "source", "file", "line")]
-        + [("state", "last"), ("t_enter", "min"), ("wall_enter", "min"), ("f_enter", "max"), ("f_exit", "max"),
-           ("f_error", "max"), ("f_complete", "max"), ("async_op", "max"), ("capturing", "max")]
-    )
-    names = {f"{c}_first": c for c in ("name", "category", "group", "group_desc", "backend", "peer", "src", "dst",
-                                       "dtype", "shape", "nbytes", "callsite", "error", "source", "file", "line")}
-    names.update({"state_last": "state", "t_enter_min": "t_enter", "wall_enter_min": "wall_enter"})
-    agg = agg.rename_columns([names.get(n, n) for n in agg.column_names])
-    issued = pc.greater(pc.fill_null(agg["f_enter_max"], 0), 0)
-    returned = pc.greater(pc.fill_null(agg["f_exit_max"], 0), 0)
-    errored = pc.greater(pc.fill_null(agg["f_error_max"], 0), 0)
-    complete_row = pc.greater(pc.fill_null(agg["f_complete_max"], 0), 0)
-    async_op = pc.greater(pc.fill_null(agg["async_op_max"], 0), 0)
-    gloo = pc.is_in(pc.fill_null(agg["backend"], ""), value_set=pa.array(BLOCKING_COMPLETE_BACKENDS))
-    completed = pc.or_(complete_row, pc.and_(pc.and_(returned, gloo), pc.invert(async_op)))
+    # group the rows by (rank, chan, seq); the sort is stable, so each group's rows stay in event order
+    (rmin, rmax), (smin, smax) = _bounds(r, is_op), _bounds(s, is_op)
+    spans = (rmax - rmin + 1, len(chan_dict), smax - smin + 1)
+    if spans[0] * spans[1] * spans[2] < 2**62:
+        key = r.astype(np.int64)  # ((r - rmin) * chans + c) * seqs + (s - smin), built in place
+        key -= rmin
+        key *= spans[1]
+        key += c
+        key *= spans[2]
+        key += s
+        key -= smin
+        if others:
+            np.putmask(key, ~is_op, 2**62)
+        order = np.argsort(key, kind="stable")
+        ks = key[order]
+        starts = np.flatnonzero(np.concatenate(([True], ks[1:] != ks[:-1])))
+    else:
+        if others:  # all non-op rows in one group
+            r, c, s = (np.where(is_op, x, 0) for x in (r, c, s))
+        order = np.lexsort((s, c, r, ~is_op))
+        ro, co, so, oo = r[order], c[order], s[order], is_op[order]
+        starts = np.flatnonzero(np.concatenate(([True], (ro[1:] != ro[:-1]) | (co[1:] != co[:-1])
+                                                | (so[1:] != so[:-1]) | (oo[1:] != oo[:-1]))))
+    n_groups = len(starts) - (1 if others else 0)  # the trailing group of non-op rows is dropped below
+    first = order[starts][:n_groups]  # each op's first and last event row
+    last = order[np.append(starts[1:], n) - 1][:n_groups]
+    all_missing = np.ones(n_groups, dtype=bool)
+
+    def reduce(ufunc: np.ufunc, values: np.ndarray) -> np.ndarray:
+        """Per op: ufunc over its events' values."""
+        return ufunc.reduceat(values[order], starts)[:n_groups]
+
+    def valid_rows(a: Column) -> np.ndarray | None:
+        """Which rows have a value in column `a` (None: every op row has one)."""
+        if a.null_count == 0:
+            return None
+        valid = _bools(pc.is_valid(a))
+        return None if bool(np.all(valid | ~is_op)) else valid
+
+    def first_valid(a: Column) -> tuple[np.ndarray, np.ndarray | None]:
+        """Per op: its first event where column `a` is not null, and the ops that have none (None: no such op)."""
+        valid = valid_rows(a)
+        if valid is None:
+            return first, None
+        if not np.any(valid & is_op):
+            return first, all_missing
+        m = reduce(np.minimum, np.where(valid, np.arange(n), n))
+        missing = m == n
+        return np.minimum(m, n - 1), (missing if missing.any() else None)
+
+    def last_valid(a: Column) -> tuple[np.ndarray, np.ndarray | None]:
+        valid = valid_rows(a)
+        if valid is None:
+            return last, None
+        if not np.any(valid & is_op):
+            return last, all_missing
+        m = reduce(np.maximum, np.where(valid, np.arange(n), -1))
+        missing = m < 0
+        return np.maximum(m, 0), (missing if missing.any() else None)
+
+    # per-event flags as bits, OR-ed per op in one pass: enter, exit, error, complete, async, capturing
+    kind = _codes(col("kind"), ["enter", "exit", "error", "complete"])
+    is_enter = kind == 0
+    bits = np.array([1, 2, 4, 8, 128], dtype=np.uint8)[kind]  # kind -1 (other) -> the last entry, bit 7
+    bits |= _bools(col("async_op")).view(np.uint8) << 4
+    bits |= _bools(col("capturing")).view(np.uint8) << 5
+    anybits = reduce(np.bitwise_or, bits)
+    issued, returned, errored, complete_row, async_op, capturing = ((anybits >> k) & 1 == 1 for k in range(6))
+
+    def enter_min(name: str) -> tuple[np.ndarray, np.ndarray]:
+        """Earliest value of column `name` over each op's enter events, and the ops without one."""
+        a = col(name)
+        valid = valid_rows(a)
+        ok = is_enter if valid is None else is_enter & valid
+        v = _ints(pc.fill_null(a, 0) if a.null_count else a)
+        v = v if v.flags.writeable else v.copy()
+        np.putmask(v, ~ok, np.iinfo(np.int64).max)
+        has = issued if valid is None else reduce(np.logical_or, ok)
+        return reduce(np.minimum, v), ~has
+
+    t_enter, t_missing = enter_min("t_ns")
+    wall_enter, wall_missing = enter_min("wall_ns")
+    sources: dict[str, Column] = {name: col(name) for name in _FIRST_COLS + ("state",)}
+    sources.update(src=src, dst=dst)
+    picks = {name: first_valid(a) for name, a in sources.items() if name != "state"}
+    picks["state"] = last_valid(sources["state"])
+
+    g_rank, g_chan, g_seq = r[first], c[first], s[first]  # ops are in (rank, chan, seq) order here
+    new_pair = np.concatenate(([True], (g_rank[1:] != g_rank[:-1]) | (g_chan[1:] != g_chan[:-1])))
+    seq_max = np.maximum.reduceat(g_seq, np.flatnonzero(new_pair))[np.cumsum(new_pair) - 1]
+
+    perm = _op_order(g_rank, t_enter, t_missing, first)  # from here on, every per-op array is in output order
+    rows_of: dict[int, np.ndarray] = {}
+
+    def picked(name: str) -> Column:
+        idx, missing = picks[name]
+        if id(idx) not in rows_of:  # most columns share `first`
+            rows_of[id(idx)] = idx[perm]
+        return _take(sources[name], rows_of[id(idx)], None if missing is None else missing[perm])
+
+    out = {name: picked(name) for name in _FIRST_COLS + ("src", "dst", "state")}
+    issued, returned, errored, complete_row, async_op, capturing = (
+        x[perm] for x in (issued, returned, errored, complete_row, async_op, capturing))
+    gloo = _bools(pc.is_in(out["backend"], value_set=pa.array(BLOCKING_COMPLETE_BACKENDS)))
+    no_completion_info = _bools(pc.is_in(out["source"], value_set=pa.array(NO_COMPLETION_SOURCES)))
+    completed = complete_row | (returned & gloo & ~async_op)
     # rule 3: on gloo, a later op on the same channel of the same rank means this one finished
-    last_seq = agg.group_by(["rank", "chan"], use_threads=False).aggregate([("seq", "max")])
-    joined = agg.select(["rank", "chan", "seq"]).append_column("i", pa.array(range(agg.num_rows), pa.int64())).join(
-        last_seq, keys=["rank", "chan"], use_threads=False)
-    joined = joined.sort_by("i")
-    no_completion_info = pc.is_in(pc.fill_null(agg["source"], ""), value_set=pa.array(NO_COMPLETION_SOURCES))
-    superseded = pc.and_(pc.less(joined["seq"], joined["seq_max"]), pc.or_(gloo, no_completion_info))
-    completed = pc.and_(pc.or_(completed, superseded), pc.invert(pc.and_(errored, pc.invert(complete_row))))
-    out = {
-        "rank": agg["rank"], "chan": agg["chan"], "seq": agg["seq"],
-        **{c: agg[c] for c in ("name", "category", "group", "group_desc", "backend", "peer", "src", "dst", "dtype",
-                               "shape", "nbytes", "callsite", "t_enter", "wall_enter")},
-        "issued": pc.or_(issued, complete_row), "returned": returned, "errored": errored, "completed": completed,
-        "async_op": async_op, "capturing": pc.greater(pc.fill_null(agg["capturing_max"], 0), 0),
-        "error": agg["error"], "source": agg["source"], "file": agg["file"], "line": agg["line"], "state": agg["state"],
-    }
-    return pa.table(out).cast(OPS).sort_by([("rank", "ascending"), ("t_enter", "ascending")])
+    superseded = (g_seq[perm] < seq_max[perm]) & (gloo | no_completion_info)
+    completed = (completed | superseded) & ~(errored & ~complete_row)
+    out.update({
+        "rank": pa.array(g_rank[perm], pa.int32()), "chan": chan_dict.take(pa.array(g_chan[perm])),
+        "seq": pa.array(g_seq[perm], pa.int64()),
+        "t_enter": pa.array(t_enter[perm], mask=t_missing[perm]),
+        "wall_enter": pa.array(wall_enter[perm], mask=wall_missing[perm]),
+        "issued": pa.array(issued | complete_row), "returned": pa.array(returned), "errored": pa.array(errored),
+        "completed": pa.array(completed), "async_op": pa.array(async_op), "capturing": pa.array(capturing),
+    })
+    return pa.table({name: out[name] if out[name].type == OPS.field(name).type else out[name].cast(OPS.field(name).type)
+                     for name in OPS.names}, schema=OPS)
+
+
+def last_issued(ops: pa.Table) -> dict[int, dict]:
+    """Each rank's last issued op in (t_enter, seq) order, nulls last, ties: the later row.
+
+    Vectorised: per rank, the rows are narrowed key by key to those holding the rank's maximum (numpy ``maximum.at``
+    on rank codes) instead of sorting every op.
+    """
+    if ops.num_rows == 0:
+        return {}
+    rows = np.flatnonzero(_bools(ops["issued"]))
+    if rows.size == 0:
+        return {}
+    code, ranks = _dict_codes(ops["rank"])
+    code = code[rows]
+    rows, code = rows[code >= 0], code[code >= 0]
+    t, s = ops["t_enter"], ops["seq"]
+    keys = [_bools(pc.is_null(t)).astype(np.int64), _ints(pc.fill_null(t, 0)),
+            _bools(pc.is_null(s)).astype(np.int64), _ints(pc.fill_null(s, 0)), np.arange(ops.num_rows, dtype=np.int64)]
+    for k in keys:  # keep, per rank, the rows with the largest value of this key
+        v = k[rows]
+        top = np.full(len(ranks), np.iinfo(np.int64).min, dtype=np.int64)
+        np.maximum.at(top, code, v)
+        keep = v == top[code]
+        rows, code = rows[keep], code[keep]
+    table = ops.select(["rank", "name", "group", "seq"])
+    picked = pa.concat_tables([table.slice(int(i), 1) for i in rows]).to_pylist() if rows.size else []
+    return {r["rank"]: r for r in picked}
 
 
 @dataclass(frozen=True)
@@ -136,35 +343,64 @@ class OpenSpan:
     detail: str | None
 
 
+def _take_rows(table: pa.Table, idx: np.ndarray) -> pa.Table:
+    """Rows `idx` of a table; a few rows are sliced out (``take`` on many-chunk columns copies whole columns)."""
+    if idx.size > 256:
+        return table.take(pa.array(idx))
+    return pa.concat_tables([table.slice(int(i), 1) for i in idx]) if idx.size else table.slice(0, 0)
+
+
+_OPEN_COLS = ["rank", "pid", "tid", "name", "category", "group", "seq", "t_ns", "callsite", "capturing", "graph_id",
+              "source", "file", "line", "detail"]
+
+
 def open_spans(events: pa.Table) -> list[OpenSpan]:
-    """Spans opened (enter) and never closed, from sources that record exits (span_id set)."""
-    ev = events.filter(pc.and_(pc.is_valid(events["span_id"]), pc.not_equal(events["span_id"], 0)))
-    if ev.num_rows == 0:
+    """Spans opened (enter) and never closed, from sources that record exits (span_id set).
+
+    Spans are per process; the ring file names the process even when pids repeat (reuse, fixtures), so an enter is
+    closed by an exit/error with the same (host, pid, file, span_id), none of them null. Vectorised: each
+    (process, span) is packed into one int64 and the enters are looked up in the sorted closes.
+    """
+    if events.num_rows == 0:
         return []
-    # spans are per process; the ring file names the process even when pids repeat (reuse, fixtures)
-    closing = ev.filter(pc.is_in(ev["kind"], value_set=pa.array(["exit", "error"]))).select(
-        ["host", "pid", "file", "span_id"])
-    opens = ev.filter(pc.equal(ev["kind"], "enter")).select(
-        ["host", "rank", "pid", "tid", "name", "category", "group", "seq", "t_ns", "callsite", "capturing", "graph_id",
-         "source", "file", "line", "detail", "span_id"])
-    if closing.num_rows:
-        closing = closing.append_column("closed", pa.array([True] * closing.num_rows))
-        opens = opens.join(closing, keys=["host", "pid", "file", "span_id"], join_type="left outer",
-                           use_threads=False)
-        opens = opens.filter(pc.is_null(opens["closed"]))
-    opens = opens.sort_by("t_ns")
-    rows = opens.select(["rank", "pid", "tid", "name", "category", "group", "seq", "t_ns", "callsite", "capturing",
-                         "graph_id", "source", "file", "line", "detail"]).to_pylist()
+    span_col = events["span_id"]
+    has_span = _bools(pc.not_equal(span_col, 0))  # null -> False
+    kind = _codes(events["kind"], ["enter", "exit", "error"])
+    enters = np.flatnonzero(has_span & (kind == 0))
+    if enters.size == 0:
+        return []
+    closes = np.flatnonzero(has_span & (kind > 0))
+    is_open = np.ones(enters.size, dtype=bool)
+    if closes.size:
+        both = np.concatenate([enters, closes])
+        proc = np.zeros(both.size, dtype=np.int64)
+        known = np.ones(both.size, dtype=bool)
+        for name in ("host", "pid", "file"):  # process = (host, pid, file) as one int; a null never matches
+            part = _dict_codes(events[name])[0][both]
+            known &= part >= 0
+            proc = proc * (int(part.max()) + 2) + part
+            if int(np.abs(proc).max()) > 2**31:
+                proc = _dict_codes(pa.array(proc))[0].astype(np.int64)
+        span = _ints(pc.fill_null(span_col, 0))[both]
+        s0, s1 = int(span.min()), int(span.max())
+        if (int(np.abs(proc).max()) + 1) * (s1 - s0 + 1) < 2**62:
+            key = proc * (s1 - s0 + 1) + (span - s0)
+        else:  # sparse span ids: number them densely first
+            code = _dict_codes(pa.array(span))[0]
+            key = proc * (int(code.max()) + 1) + code
+        key_e, key_c = key[:enters.size], np.sort(key[enters.size:][known[enters.size:]], kind="stable")
+        if key_c.size:
+            pos = np.minimum(np.searchsorted(key_c, key_e), key_c.size - 1)
+            is_open = ~(known[:enters.size] & (key_c[pos] == key_e))
+    rows = _take_rows(events.select(_OPEN_COLS), enters[is_open]).sort_by("t_ns").to_pylist()
     return [OpenSpan(**{**r, "capturing": bool(r["capturing"])}) for r in rows]
 
 
 def last_phase(events: pa.Table) -> dict[int, str]:
     """Latest phase mark per rank (server-log phases, --hook phase targets)."""
-    ev = events.filter(pc.and_(pc.equal(events["category"], "phase"), pc.is_valid(events["rank"])))
+    ev = events.select(["rank", "name", "wall_ns", "t_ns"]).filter(
+        pc.and_(pc.equal(events["category"], "phase"), pc.is_valid(events["rank"])))
     if ev.num_rows == 0:
         return {}
     ev = ev.sort_by("wall_ns" if ev["wall_ns"].null_count < ev.num_rows else "t_ns")
-    out: dict[int, str] = {}
-    for r, n in zip(ev["rank"].to_pylist(), ev["name"].to_pylist()):
-        out[r] = n
-    return out
+    return dict(zip(ev["rank"].to_pylist(), ev["name"].to_pylist()))  # a rank's last mark wins

@@ -113,7 +113,7 @@ class WaitForGraph:
 def _chan_members(ops: pa.Table, world: int | None) -> dict[str, tuple[int, ...]]:
     """Members of each channel: group_ranks from the groups' records, p2p pairs, else the ranks seen on it."""
     members: dict[str, set[int]] = {}
-    seen = ops.group_by(["chan", "rank"], use_threads=False).aggregate([]).to_pylist()
+    seen = ops.select(["chan", "rank"]).group_by(["chan", "rank"], use_threads=False).aggregate([]).to_pylist()
     for r in seen:
         members.setdefault(r["chan"], set()).add(r["rank"])
     return {c: tuple(sorted(m)) for c, m in members.items()}
@@ -124,29 +124,32 @@ def build_graph(ops: pa.Table, group_ranks: dict[str, tuple[int, ...]], world: i
     g = WaitForGraph()
     if ops.num_rows == 0:
         return g
-    pending = ops.filter(pc.and_(ops["issued"], pc.invert(ops["completed"])))
+    keys3 = ops.select(["rank", "chan", "seq"])
+    pending = keys3.filter(pc.and_(ops["issued"], pc.invert(ops["completed"])))
     if pending.num_rows == 0:
         return g
     # 1. each rank's lowest pending seq per channel, and its last issued seq per channel
     heads = pending.group_by(["rank", "chan"], use_threads=False).aggregate([("seq", "min")])
-    last = ops.filter(ops["issued"]).group_by(["rank", "chan"], use_threads=False).aggregate([("seq", "max")])
+    last = keys3.filter(ops["issued"]).group_by(["rank", "chan"], use_threads=False).aggregate([("seq", "max")])
     last_by: dict[str, dict[int, int]] = {}
     for r in last.to_pylist():
         last_by.setdefault(r["chan"], {})[r["rank"]] = r["seq_max"]
     head_by: dict[str, dict[int, int]] = {}
     for r in heads.to_pylist():
         head_by.setdefault(r["chan"], {})[r["rank"]] = r["seq_min"]
-    # 2. the ops at every (channel, head seq), from every rank that issued them
-    keys = pa.table({"chan": heads["chan"], "seq": heads["seq_min"]}).group_by(["chan", "seq"]).aggregate([])
-    at = ops.join(keys, keys=["chan", "seq"], join_type="inner", use_threads=False).to_pylist()
+    # 2. the ops at every (channel, head seq), from every rank that issued them (in ops order)
+    wanted = {(c, p) for c, by_rank in head_by.items() for p in by_rank.values()}
+    near = ops.filter(pc.and_(pc.is_in(ops["seq"], value_set=pa.array(sorted({p for _c, p in wanted}), pa.int64())),
+                              pc.is_in(ops["chan"], value_set=pa.array(sorted(head_by), pa.string()))))
+    keep = [(c, p) in wanted for c, p in zip(near["chan"].to_pylist(), near["seq"].to_pylist())]
     by_key: dict[tuple[str, int], list[PendingOp]] = {}
-    for r in at:
+    for r in near.filter(pa.array(keep, pa.bool_())).to_pylist():
         by_key.setdefault((r["chan"], r["seq"]), []).append(
             PendingOp(r["rank"], r["chan"], r["seq"], r["name"], r["group"], r["group_desc"], r["category"], r["peer"],
                       r["dtype"], r["shape"], r["nbytes"], r["callsite"], bool(r["completed"]), bool(r["errored"]),
                       r["error"], r["source"], r["file"], r["line"])
         )
-    seen_members = _chan_members(ops, world)
+    seen_members: dict[str, tuple[int, ...]] = {}
     for chan in sorted(head_by):
         heads_c = head_by[chan]
         sample = by_key[(chan, min(heads_c.values()))][0]
@@ -154,7 +157,10 @@ def build_graph(ops: pa.Table, group_ranks: dict[str, tuple[int, ...]], world: i
             src_dst = chan.rsplit("|", 1)[-1].split(">")
             members = tuple(sorted({int(x) for x in src_dst if x.lstrip("-").isdigit() and int(x) >= 0}))
         else:
-            members = group_ranks.get(sample.group or "", ()) or _default_members(sample, world) or seen_members[chan]
+            members = group_ranks.get(sample.group or "", ()) or _default_members(sample, world)
+            if not members:  # the ranks seen on the channel (computed only when needed: a pass over all ops)
+                seen_members = seen_members or _chan_members(ops, world)
+                members = seen_members[chan]
         g.members[chan] = members
         last_c = last_by.get(chan, {})
         stuck_at: dict[int, list[int]] = {}

@@ -25,6 +25,21 @@ def main() -> None:
     """ranktrace: which collective, graph capture or init step never returned, on which ranks, and why."""
 
 
+def _check_hooks(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
+    """--hook values, normalised to MODULE:QUALNAME=category; a malformed one is a usage error before the job."""
+    from tracer.user_hooks import SpecError, parse_spec
+
+    out: list[str] = []
+    for v in values:
+        try:
+            text = parse_spec(v).text
+        except SpecError as e:
+            raise click.BadParameter(str(e), param_hint="--hook") from None
+        if text not in out:
+            out.append(text)
+    return tuple(out)
+
+
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-o", "--output", "output", type=click.Path(path_type=Path), default=None,
               help="Run directory to create (default traces/<timestamp>-<name>/). Never overwritten.")
@@ -41,16 +56,19 @@ def main() -> None:
               help="report: print the verdict and keep watching; kill: terminate the job and exit 3; wait: record.")
 @click.option("--native-stacks", is_flag=True, help="Hang-time py-spy dumps with --native (slower, C++ frames).")
 @click.option("--monitor/--no-monitor", default=True, show_default=True, help="Watch for silence while it runs.")
+@click.option("--hook", "hook_targets", multiple=True, metavar="MODULE:QUALNAME[=CATEGORY]", callback=_check_hooks,
+              help="Also record calls of this function or method (repeatable). CATEGORY: phase, collective, graph, "
+                   "sync or user (default). collective: aligned across ranks by object and call count.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll: bool, analyze: bool,
         hang_after: float, startup_hang_after: float, on_hang: str, native_stacks: bool, monitor: bool,
-        command: tuple[str, ...]) -> None:
+        hook_targets: tuple[str, ...], command: tuple[str, ...]) -> None:
     """Run COMMAND with every rank traced: trace run [OPTIONS] -- CMD ARGS..."""
     from tracer import finalize, launcher, meta
     from tracer.monitor import MonitorOptions
 
     opts = launcher.RunOptions(command=tuple(command), out=output, name=name, nccl_debug=nccl_debug,
-                               nccl_coll=nccl_coll)
+                               nccl_coll=nccl_coll, hooks=hook_targets)
     mon = MonitorOptions(hang_after=hang_after, startup_hang_after=max(startup_hang_after, hang_after),
                          on_hang=on_hang, native_stacks=native_stacks) if monitor else None
     try:
@@ -62,7 +80,8 @@ def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll
         fin = finalize.finalize_host_dir(outcome.host_dir)
         m = meta.read_meta(outcome.host_dir)
         versions = {**m.get("versions", {}), **fin["versions"]}
-        meta.update_meta(outcome.host_dir, pids=fin["pids"], versions=versions, finalize_problems=fin["problems"])
+        meta.update_meta(outcome.host_dir, pids=fin["pids"], versions=versions, finalize_problems=fin["problems"],
+                         hook_problems=fin.get("hook_problems", []))
     except Exception as e:  # the job's status must come through whatever happens to us
         _err(f"could not finalize the trace in {outcome.host_dir}: {type(e).__name__}: {e}")
     if analyze:  # after --on-hang kill the hang report was already printed: only refresh verdict.json

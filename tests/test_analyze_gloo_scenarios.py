@@ -7,6 +7,7 @@ All jobs run once, up front, two at a time, and every test reads the verdict it 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -82,7 +83,8 @@ def test_rank_exits(verdicts):
     v, _ = verdicts["die"]
     assert brief(v) == ("crashed", "rank_exited", "all_reduce", 5, [3], [0, 1, 2])
     ev = [e for f in v["findings"] if f["kind"] == "rank_exited" for e in f["evidence"]]
-    assert any("Connection closed by peer" in e["detail"] for e in ev)
+    # either the others' calls failed because the peer went away, or rank 3 left an exit record first
+    assert any(re.search(r"Connection (closed|reset) by peer|exited first", e["detail"]) for e in ev)
 
 
 def test_every_finding_cites_evidence(verdicts):

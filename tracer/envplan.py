@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
-__all__ = ["EnvPlan", "plan_environment", "INJECT_DIR", "FORBIDDEN", "curated_subset"]
+__all__ = ["EnvPlan", "plan_environment", "INJECT_DIR", "FORBIDDEN", "curated_subset", "HOOKS_ENV", "hooks_value"]
+
+HOOKS_ENV = "RANKTRACE_HOOKS"  # read in-rank by tracer.user_hooks
 
 INJECT_DIR = str(Path(__file__).resolve().parent / "_inject")
 # Never set by ranktrace: each changes the job's behaviour or speed.
@@ -36,9 +38,14 @@ class EnvPlan:
 
 
 def plan_environment(
-    base: Mapping[str, str], host_dir: Path, *, nccl_debug: str | None = None, nccl_coll: bool = False
+    base: Mapping[str, str], host_dir: Path, *, nccl_debug: str | None = None, nccl_coll: bool = False,
+    hooks: Sequence[str] = (),
 ) -> EnvPlan:
-    """Environment for the job started under `trace run`, writing into `host_dir`."""
+    """Environment for the job started under `trace run`, writing into `host_dir`.
+
+    `hooks` are ``--hook MODULE:QUALNAME[=category]`` values (already validated by the CLI); they reach the ranks
+    as RANKTRACE_HOOKS (comma-separated), after any the user's environment already named.
+    """
     added: dict[str, str] = {}
 
     def put(name: str, value: str) -> None:
@@ -63,9 +70,18 @@ def plan_environment(
         put("TORCH_FR_BUFFER_SIZE", "2000")
     put("TORCH_NCCL_ENABLE_TIMING", "1")
     put("PYTHONFAULTHANDLER", "1")
+    if hooks:
+        added[HOOKS_ENV] = hooks_value(base, hooks)
     env = dict(base)
     env.update(added)
     return EnvPlan(env=env, added=added)
+
+
+def hooks_value(base: Mapping[str, str], hooks: Sequence[str]) -> str:
+    """RANKTRACE_HOOKS for the ranks: the environment's own entries first, then `hooks`, each once."""
+    entries = [h for h in base.get(HOOKS_ENV, "").split(",") if h.strip()]
+    entries += [h for h in hooks if h not in entries]
+    return ",".join(entries)
 
 
 def curated_subset(env: Mapping[str, str]) -> dict[str, str]:

@@ -30,12 +30,14 @@ def write_events(path: Path, table: pa.Table) -> None:
 
 
 def finalize_host_dir(host_dir: Path) -> dict[str, Any]:
-    """Write events.arrow from every ring; return {'pids': {pid: {...}}, 'versions': {...}, 'problems': [...]}."""
+    """Write events.arrow from every ring; return {'pids': {pid: {...}}, 'versions': {...}, 'problems': [...],
+    'hook_problems': [{'target', 'problem', 'ranks', 'pids'}]} (--hook targets that did not resolve, per job)."""
     host = host_dir.name
     tables: list[pa.Table] = []
     pids: dict[str, Any] = {}
     versions: dict[str, Any] = {}
     problems: list[str] = []
+    hook_problems: dict[tuple[str, str], dict[str, Any]] = {}
     for ring in sorted((host_dir / "rings").glob("*.ring")):
         try:
             rc = rf.read_ring(str(ring))
@@ -48,11 +50,19 @@ def finalize_host_dir(host_dir: Path) -> dict[str, Any]:
         pids[str(rc.pid)] = {"rank": ident.get("rank"), "world": ident.get("world"),
                              "local_rank": ident.get("local_rank"), "ppid": ident.get("ppid"),
                              "argv": ident.get("argv"), "ring": rel,
-                             "ops": 0 if rc.slots is None else int(len(rc.slots))}
+                             "ops": rc.num_slots}
         for m in rc.meta:
             if m.get("type") == "versions":
                 versions.update({k: v for k, v in m.items() if k != "type" and v is not None})
+            elif m.get("type") == "hook_problem":  # --hook targets a rank could not patch (tracer.user_hooks)
+                hp = hook_problems.setdefault((str(m.get("target")), str(m.get("problem"))),
+                                              {"target": m.get("target"), "problem": m.get("problem"), "ranks": [],
+                                               "pids": []})
+                hp["pids"].append(rc.pid)
+                if ident.get("rank") is not None and ident["rank"] not in hp["ranks"]:
+                    hp["ranks"].append(ident["rank"])
         if rc.torn_meta:
             problems.append(f"{rel}: {rc.torn_meta} torn meta record(s)")
     write_events(host_dir / "events.arrow", schema.concat(schema.EVENTS, tables))
-    return {"pids": pids, "versions": versions, "problems": problems}
+    return {"pids": pids, "versions": versions, "problems": problems,
+            "hook_problems": [dict(v, ranks=sorted(v["ranks"]), pids=sorted(v["pids"])) for v in hook_problems.values()]}

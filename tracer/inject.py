@@ -11,30 +11,38 @@ The package is loaded under a private name (``_ranktrace_tracer``) by the sitecu
 """
 from __future__ import annotations
 
+import importlib
 import importlib.machinery
 import os
 import sys
 from typing import Any, Callable
 
-__all__ = ["install", "PostImportFinder"]
+__all__ = ["install", "PostImportFinder", "state"]
 
 C10D = "torch.distributed.distributed_c10d"
+CUDA = "torch.cuda"
+C10D_EXT = "torch._C._distributed_c10d"
 
 
 class PostImportFinder:
-    """A meta-path finder that runs a callback right after a target module executes.
+    """A meta-path finder that runs callbacks right after a target module executes.
 
-    A plain class (not importlib.abc) on purpose: importing importlib.abc costs ~18 ms per process.
+    A plain class (not importlib.abc) on purpose: importing importlib.abc costs ~18 ms per process. The spec comes
+    from the finders after this one (so editable installs and other custom finders keep working), and only its
+    loader's ``exec_module`` is wrapped. Several callbacks may wait for one module (c10d hooks and --hook targets).
     """
 
     def __init__(self, targets: dict[str, Callable[[Any], None]]) -> None:
-        self.targets = targets
+        self.targets: dict[str, list[Callable[[Any], None]]] = {k: [v] for k, v in targets.items()}
+
+    def add(self, fullname: str, callback: Callable[[Any], None]) -> None:
+        self.targets.setdefault(fullname, []).append(callback)
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        callback = self.targets.get(fullname)
-        if callback is None:
+        callbacks = self.targets.get(fullname)
+        if callbacks is None:
             return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        spec = self._find_elsewhere(fullname, path, target)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return None
         loader = spec.loader
@@ -42,17 +50,33 @@ class PostImportFinder:
 
         def exec_module(module: Any) -> None:
             orig_exec(module)
-            self.targets.pop(fullname, None)
-            try:
-                callback(module)
-            except Exception as e:  # never break the user's import
-                _warn_once(f"could not hook {fullname}: {type(e).__name__}: {e}")
+            for callback in self.targets.pop(fullname, ()):
+                try:
+                    callback(module)
+                except Exception as e:  # never break the user's import
+                    _warn_once(f"could not hook {fullname}: {type(e).__name__}: {e}")
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
+    def _find_elsewhere(self, fullname: str, path: Any, target: Any) -> Any:
+        for finder in list(sys.meta_path):
+            if finder is self:
+                continue
+            find = getattr(finder, "find_spec", None)
+            if find is None:
+                continue
+            try:
+                spec = find(fullname, path, target)
+            except Exception:  # let the normal import machinery meet (and report) it
+                return None
+            if spec is not None:
+                return spec
+        return importlib.machinery.PathFinder.find_spec(fullname, path)
+
 
 _warned = False
+state: Any = None  # this process's tracer.hooks.TraceState once install() ran (for debugging and tests)
 
 
 def _warn_once(msg: str) -> None:
@@ -74,7 +98,7 @@ def install() -> None:
     trace_dir = os.environ.get("RANKTRACE_DIR")
     if not trace_dir:
         return
-    from . import hooks, recorder, redact
+    from . import graphs, hooks, pg_hooks, recorder, redact, user_hooks
 
     rings = os.path.join(trace_dir, "rings")
     slots = _env_int("RANKTRACE_RING_SLOTS") or recorder.DEFAULT_SLOTS
@@ -94,6 +118,7 @@ def install() -> None:
         state.rec_created(rec)
         return rec
 
+    global state
     state = hooks.TraceState(factory, _env_int("RANK"), _env_int("WORLD_SIZE"))
 
     def rec_created(rec: recorder.Recorder) -> None:
@@ -111,20 +136,66 @@ def install() -> None:
             _warn_once(f"cannot write a ring under {rings} ({type(e).__name__}: {e})")
             return
         how = hooks.install_c10d(state, module)
+        try:  # ProcessGroup / Work are pybind classes of torch's extension, loaded by now (c10d imports them)
+            ext: Any = importlib.import_module(C10D_EXT)
+        except Exception:
+            ext = None
+        if ext is not None:
+            how.update(pg_hooks.install_process_group(state, ext))
         rec.meta({"type": "hooks", "c10d": how})
+        for raw, problem in bad:  # malformed RANKTRACE_HOOKS entries (trace run checks --hook itself): said once
+            user.problem(raw, problem)
+        user.retry_pending()
+
+    def on_cuda(module: Any) -> None:
+        if not state.enabled:
+            return
+        try:
+            rec = state.rec
+        except Exception as e:
+            state.enabled = False
+            _warn_once(f"cannot write a ring under {rings} ({type(e).__name__}: {e})")
+            return
+        _torch_prefix(state)
+        state.load_nvtx()
+        rec.meta({"type": "hooks", "cuda": graphs.install_cuda(state, module)})
+
+    specs, bad = user_hooks.parse_env(os.environ.get(user_hooks.ENV))
+    user = user_hooks.UserHooks(state, specs, trace_dir)
+    state.on_init.append(user.retry_pending)
 
     def after_fork_in_child() -> None:
         state.reset_after_fork(factory)
 
     os.register_at_fork(after_in_child=after_fork_in_child)
-    _record_process_exit(state)
-    if C10D in sys.modules:
-        on_c10d(sys.modules[C10D])
-    else:
-        sys.meta_path.insert(0, PostImportFinder({C10D: on_c10d}))
+    _record_process_exit(state, user)
+    finder = PostImportFinder({})
+    for name, callback in ((C10D, on_c10d), (CUDA, on_cuda)):
+        if name in sys.modules:
+            callback(sys.modules[name])
+        else:
+            finder.add(name, callback)
+    for name in user.modules():
+        module = sys.modules.get(name)
+        if module is not None:
+            user.on_module(module)
+        elif name not in ("__main__", "__mp_main__"):  # the main script runs through runpy, not a finder
+            finder.add(name, user.on_module)
+    if finder.targets:
+        sys.meta_path.insert(0, finder)
 
 
-def _record_process_exit(state: Any) -> None:
+def _torch_prefix(state: Any) -> None:
+    """Call sites skip torch's own frames (install_c10d adds them too; torch.cuda may come first)."""
+    torch = sys.modules.get("torch")
+    path = getattr(torch, "__file__", None)
+    if path:
+        prefix = os.path.dirname(os.path.abspath(path))
+        if prefix not in state.skip_prefixes:
+            state.skip_prefixes = state.skip_prefixes + (prefix,)
+
+
+def _record_process_exit(state: Any, user: Any) -> None:
     """Mark a voluntary exit (interpreter exit, os._exit) in the ring, so the analyzer can tell the rank that left
     first from the ranks a launcher tore down afterwards (those die by signal and record nothing).
 
@@ -142,7 +213,14 @@ def _record_process_exit(state: Any) -> None:
         except Exception:
             pass
 
-    atexit.register(mark, "interpreter exit")
+    def at_exit() -> None:
+        try:
+            user.report_unimported()
+        except Exception:
+            pass
+        mark("interpreter exit")
+
+    atexit.register(at_exit)
     real_exit = os._exit
 
     def _exit(code: int) -> None:  # type: ignore[misc]

@@ -49,6 +49,7 @@ class RunOptions:
     nccl_debug: str | None = None
     nccl_coll: bool = False
     base_dir: Path = Path("traces")
+    hooks: tuple[str, ...] = ()   # --hook MODULE:QUALNAME[=category], validated by the CLI
 
 
 @dataclass
@@ -172,7 +173,8 @@ def launch(
     """Run the command to completion under tracing. LaunchError for problems found before it starts."""
     check_command(opts.command)
     run_dir, host_dir = prepare_run_dir(opts)
-    plan = envplan.plan_environment(os.environ, host_dir, nccl_debug=opts.nccl_debug, nccl_coll=opts.nccl_coll)
+    plan = envplan.plan_environment(os.environ, host_dir, nccl_debug=opts.nccl_debug, nccl_coll=opts.nccl_coll,
+                                    hooks=opts.hooks)
     m = meta.initial_meta(opts.command, os.environ, plan.added, host_dir.name, run_dir.name)
     meta.write_meta(host_dir, m)
 

@@ -43,6 +43,7 @@ META_COMMIT = 0x52544B31  # "RTK1"
 # peer, graph_id, seq, backend_seq, nbytes, span_id, parent_span_id
 SLOT = struct.Struct("<QqIBBBBIIIIIIiiqqqqq")
 SLOT_SIZE = 128
+SLOT_WORDS = (SLOT.size + 7) // 8  # the 8-byte words of a slot that hold fields
 assert SLOT.size <= SLOT_SIZE
 
 KINDS = ("enter", "exit", "error", "complete", "mark")
@@ -71,10 +72,40 @@ class RingContents:
     meta_full: bool
     meta: list[dict[str, Any]] = field(default_factory=list)   # identity / group / event records in order
     strings: dict[int, str] = field(default_factory=lambda: {0: ""})
-    slots: Any = None      # numpy structured array (slot_dtype()), committed slots oldest first
+    words: Any = None      # committed slots oldest first, as 8-byte words: numpy uint64 (SLOT_WORDS, n)
     torn_meta: int = 0     # meta records cut mid-write (ignored)
     dropped_slots: int = 0  # slots that changed while being read
     lost_ops: int = 0      # ops overwritten by the wrap before they were read
+
+    @property
+    def num_slots(self) -> int:
+        return 0 if self.words is None else int(self.words.shape[1])
+
+    @property
+    def slots(self) -> Any:
+        """The committed slots as a numpy structured array (slot_dtype()), oldest first."""
+        import numpy as np
+
+        arr = np.zeros(self.num_slots, dtype=slot_dtype())
+        if self.num_slots:
+            arr.view(np.dtype("<u8")).reshape(self.num_slots, SLOT_SIZE // 8)[:, :SLOT_WORDS] = self.words.T
+        return arr
+
+    def columns(self) -> dict[str, Any]:
+        """Each slot field as its own contiguous numpy array (what the analyzer reads)."""
+        import numpy as np
+
+        dt = slot_dtype()
+        if not self.num_slots:
+            return {name: np.zeros(0, dtype=dt.fields[name][0]) for name in dt.names}
+        out: dict[str, Any] = {}
+        for name in dt.names:
+            ftype, off = dt.fields[name][0], dt.fields[name][1]
+            row = self.words[off // 8]
+            size = ftype.itemsize
+            out[name] = row.view(ftype) if size == 8 else np.ascontiguousarray(
+                row.view(ftype)[(off % 8) // size::8 // size])
+        return out
 
 
 def _cstr(b: bytes) -> str:
@@ -153,16 +184,36 @@ def _read_slots(buf: mmap.mmap, ops_offset: int, slot_size: int, slots: int, rc:
             rc.strings[int(m["id"])] = m["v"]
     avail = min(slots, max(0, (len(buf) - ops_offset) // slot_size))
     if avail == 0:  # a file cut inside its meta region: no op slot survived
-        rc.slots = np.zeros(0, dtype=slot_dtype())
+        rc.words = np.zeros((SLOT_WORDS, 0), dtype=np.dtype("<u8"))
         return
-    arr = np.frombuffer(buf, dtype=slot_dtype(), count=avail, offset=ops_offset).copy()
+    view = np.frombuffer(buf, dtype=np.dtype("<u8"), count=avail * (SLOT_SIZE // 8), offset=ops_offset).reshape(
+        avail, SLOT_SIZE // 8)
+    # One pass copies the records into word rows (commit words first, then each field's); the analyzer reads
+    # fields, and walking 128-byte records once per field would read the whole ring again for each of them.
+    words = view[:, :SLOT_WORDS].T.copy()
     # seqlock: re-read the commit words after copying; a slot whose word changed was being rewritten
-    again = np.frombuffer(buf, dtype=slot_dtype(), count=avail, offset=ops_offset)["commit"].copy()
-    live = arr["commit"] != 0
-    stable = arr["commit"] == again
-    rc.dropped_slots = int(np.count_nonzero(live & ~stable))
-    arr = arr[live & stable]
-    arr.sort(order="commit")
-    if len(arr):
-        rc.lost_ops = max(0, int(arr["commit"][-1]) - len(arr) - rc.dropped_slots)
-    rc.slots = arr
+    commit = words[0]
+    live = commit != 0
+    keep = live & (commit == view[:, 0])
+    rc.dropped_slots = int(np.count_nonzero(live)) - int(np.count_nonzero(keep))
+    if not keep.all():
+        kept = np.flatnonzero(keep)
+        if kept.size and kept[-1] - kept[0] + 1 == kept.size:  # one run (a ring not yet full): a view, no copy
+            words = words[:, kept[0]:kept[-1] + 1]
+        else:
+            words = np.compress(keep, words, axis=1)
+    # Order by commit word. Slots are written in index order, so this is one sorted run (two after a wrap).
+    commit = words[0]
+    if commit.size > 1 and not bool(np.all(commit[1:] > commit[:-1])):
+        order = np.argsort(commit, kind="stable")
+        c = commit[order]
+        if bool(np.any(c[1:] == c[:-1])):  # duplicate commit words (damaged ring): ties ordered by the other fields
+            rc.words = words
+            arr = rc.slots
+            arr.sort(order="commit")
+            words = arr.view(np.dtype("<u8")).reshape(len(arr), SLOT_SIZE // 8)[:, :SLOT_WORDS].T.copy()
+        else:
+            words = np.take(words, order, axis=1)
+    if words.shape[1]:
+        rc.lost_ops = max(0, int(words[0][-1]) - words.shape[1] - rc.dropped_slots)
+    rc.words = words

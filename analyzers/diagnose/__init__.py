@@ -34,6 +34,9 @@ def diagnose(inputs: Inputs, ctx: Context | None = None) -> Verdict:
     for rule in RULES:
         candidates.extend(rule(ctx))
     primary = next((c for c in candidates if c.primary), None)
+    job = ctx.job
+    if job.traced and job.ended and job.exit_code == 0 and not job.signal and not job.killed_on_hang:
+        primary = None  # a job that exited 0 did not hang; ops "in flight" at exit are NCCL/async bookkeeping
     if primary is not None and primary.kind == "blocked_outside_collective" and _serving(ctx):
         primary = None  # after "serving", a rank waiting for requests is idle, not hung
     findings: list[Finding] = [f for c in candidates for f in c.findings]
@@ -120,12 +123,9 @@ def _no_primary(ctx: Context, status: str) -> tuple[str, str, list[str]]:
 def _rank_table(ctx: Context) -> dict[int, RankState]:
     ranks = set(ctx.observed_ranks) | (set(range(ctx.world)) if ctx.world else set())
     opens = ctx.open_by_rank()
-    last_ops: dict[int, str] = {}
-    if ctx.ops.num_rows:
-        issued = ctx.ops.filter(ctx.ops["issued"]).sort_by([("t_enter", "ascending"), ("seq", "ascending")])
-        for r, n, g, s in zip(issued["rank"].to_pylist(), issued["name"].to_pylist(), issued["group"].to_pylist(),
-                              issued["seq"].to_pylist()):
-            last_ops[r] = f"{n} group={g} seq={s}"
+    from analyzers.timeline import last_issued
+
+    last_ops = {r: f"{op['name']} group={op['group']} seq={op['seq']}" for r, op in last_issued(ctx.ops).items()}
     out: dict[int, RankState] = {}
     for r in sorted(ranks):
         o = opens.get(r)

@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -63,13 +64,48 @@ class Context:
         return obs.filter(pc.equal(obs["kind"], kind)).to_pylist()
 
     def departures(self) -> dict[int, waitfor.Departure]:
-        """Per-rank (op, call site) sequences in issue order, compared with the majority (cycle breaking)."""
-        ops = self.ops.filter(self.ops["issued"]).sort_by([("rank", "ascending"), ("t_enter", "ascending"),
-                                                           ("seq", "ascending")])
-        seqs: dict[int, list[str]] = {}
-        for r, n, c in zip(ops["rank"].to_pylist(), ops["name"].to_pylist(), ops["callsite"].to_pylist()):
-            seqs.setdefault(r, []).append(f"{n} @ {c}" if c else n)
-        return waitfor.departures(seqs)
+        """Per-rank (op, call site) sequences in issue order, compared with the majority (cycle breaking).
+
+        Only asked for when the wait-for graph has a cycle. The same answer as ``waitfor.departures`` on the
+        per-rank label lists, vectorised: majority label per position by counting (position, label) pairs.
+        """
+        ops = self.ops.select(["rank", "t_enter", "seq", "name", "callsite"]).filter(self.ops["issued"]).sort_by(
+            [("rank", "ascending"), ("t_enter", "ascending"), ("seq", "ascending")])
+        if ops.num_rows == 0:
+            return {}
+        if ops["rank"].null_count or ops["name"].null_count:  # None ranks or names: the plain version
+            seqs: dict[int, list[str]] = {}
+            for r, n, c in zip(ops["rank"].to_pylist(), ops["name"].to_pylist(), ops["callsite"].to_pylist()):
+                seqs.setdefault(r, []).append(f"{n} @ {c}" if c else n)
+            return waitfor.departures(seqs)
+        with_site = pc.fill_null(pc.not_equal(ops["callsite"], ""), False)  # "name @ callsite", or the name alone
+        label = pc.if_else(with_site, pc.binary_join_element_wise(ops["name"], ops["callsite"], " @ "), ops["name"])
+        enc = pc.dictionary_encode(label)
+        labels = enc.chunk(0).dictionary.to_pylist() if enc.num_chunks else []
+        code = np.asarray(pa.chunked_array([c.indices for c in enc.chunks], pa.int32()).to_numpy(), dtype=np.int64)
+        rank = np.asarray(ops["rank"].to_numpy(), dtype=np.int64)
+        starts = np.flatnonzero(np.concatenate(([True], rank[1:] != rank[:-1])))  # ranks are sorted
+        length = np.diff(np.append(starts, len(rank)))
+        pos = np.arange(len(rank)) - np.repeat(starts, length)  # position in the rank's own sequence
+        # how many ranks ran each label at each position; the majority needs more than half of those there
+        pair, counts = np.unique(pos * len(labels) + code, return_counts=True)
+        pair_pos, pair_code = pair // len(labels), pair % len(labels)
+        reached = np.bincount(pos)
+        best = np.zeros(len(reached), dtype=np.int64)
+        np.maximum.at(best, pair_pos, counts)
+        win = (counts == best[pair_pos]) & (counts * 2 > reached[pair_pos])
+        majority = np.full(len(reached), -1, dtype=np.int64)
+        majority[pair_pos[win]] = pair_code[win]
+        off = np.where(code != majority[pos], pos, len(reached))
+        first_off = np.minimum.reduceat(off, starts)
+        out: dict[int, waitfor.Departure] = {}
+        for r, start, p in zip(rank[starts].tolist(), starts.tolist(), first_off.tolist()):
+            if p >= len(reached):
+                out[r] = waitfor.Departure(r, None, None, None)
+            else:
+                m = int(majority[p])
+                out[r] = waitfor.Departure(r, p, labels[int(code[start + p])], labels[m] if m >= 0 else None)
+        return out
 
 
 def _ras_events(obs: pa.Table) -> pa.Table:
@@ -129,18 +165,31 @@ def _job_status(inputs: Inputs) -> JobStatus:
     return JobStatus(True, ended, exit_code, sig, tuple(sorted(set(live))), local, killed)
 
 
+def _group_ranks(events: pa.Table) -> dict[str, tuple[int, ...]]:
+    """Each group's member ranks, from the last event row that carries both the group and its ranks."""
+    if events.num_rows == 0:
+        return {}
+    rows = np.flatnonzero(np.asarray(pc.and_(pc.is_valid(events["group"]), pc.is_valid(events["group_ranks"]))
+                                     .to_numpy(), dtype=bool))
+    if rows.size == 0:
+        return {}
+    enc = pc.dictionary_encode(events["group"])  # one dictionary shared by all chunks
+    indices = pa.chunked_array([c.indices for c in enc.chunks], pa.int32())
+    codes = np.asarray(pc.fill_null(indices, -1).to_numpy(), dtype=np.int64)[rows]
+    last = np.full(len(enc.chunk(0).dictionary), -1, dtype=np.int64)
+    np.maximum.at(last, codes, rows)  # list columns cannot be aggregated: find each group's last row by index
+    table = events.select(["group", "group_ranks"])
+    out: dict[str, tuple[int, ...]] = {}
+    for r in pa.concat_tables([table.slice(int(i), 1) for i in last if i >= 0]).to_pylist():
+        if r["group_ranks"]:
+            out[r["group"]] = tuple(r["group_ranks"])
+    return out
+
+
 def build_context(inputs: Inputs) -> Context:
     events = schema.concat(schema.EVENTS, [inputs.events, _ras_events(inputs.observations)])
     ops = timeline.build_ops(events)
-    group_ranks: dict[str, tuple[int, ...]] = {}
-    withranks = events.filter(pc.and_(pc.is_valid(events["group"]), pc.is_valid(events["group_ranks"])))
-    if withranks.num_rows:  # list columns cannot be aggregated: pick each group's last row by index
-        idx = withranks.append_column("i", pa.array(range(withranks.num_rows), pa.int64()))
-        last = idx.group_by(["group"], use_threads=False).aggregate([("i", "max")])
-        picked = withranks.take(last["i_max"]).select(["group", "group_ranks"]).to_pylist()
-        for r in picked:
-            if r["group_ranks"]:
-                group_ranks[r["group"]] = tuple(r["group_ranks"])
+    group_ranks = _group_ranks(events)
     worlds = [w for w in (inputs.world_size,) if w]
     if events.num_rows and events["world"].null_count < events.num_rows:
         worlds.append(pc.max(events["world"]).as_py())
@@ -148,7 +197,8 @@ def build_context(inputs: Inputs) -> Context:
         for info in ((h.meta or {}).get("pids") or {}).values():
             if info.get("world"):
                 worlds.append(info["world"])
-    init_worlds = events.filter(pc.and_(pc.equal(events["name"], "init_process_group"), pc.is_valid(events["detail"])))
+    init_worlds = events.select(["detail"]).filter(pc.and_(pc.equal(events["name"], "init_process_group"),
+                                                           pc.is_valid(events["detail"])))
     for d in init_worlds["detail"].to_pylist():
         for part in d.split(", "):
             if part.startswith("world=") and part[6:].lstrip("-").isdigit() and int(part[6:]) > 0:
@@ -168,9 +218,9 @@ def build_context(inputs: Inputs) -> Context:
             if info.get("rank") is not None:
                 rank_pids.setdefault(info["rank"], set()).add(int(pid))
     if events.num_rows:
-        pr = events.filter(pc.equal(events["source"], "events")).group_by(["pid"], use_threads=False).aggregate(
-            [("rank", "max"), ("seq", "count")])
-        for pid, rank, nops in zip(pr["pid"].to_pylist(), pr["rank_max"].to_pylist(), pr["seq_count"].to_pylist()):
+        pr = events.select(["pid", "rank"]).filter(pc.equal(events["source"], "events")).group_by(
+            ["pid"], use_threads=False).aggregate([("rank", "max")])
+        for pid, rank in zip(pr["pid"].to_pylist(), pr["rank_max"].to_pylist()):
             if rank is not None:
                 rank_pids.setdefault(rank, set()).add(pid)
             else:

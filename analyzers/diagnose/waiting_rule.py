@@ -189,7 +189,8 @@ def _wait_for(g: waitfor.WaitForGraph) -> tuple[WaitEdge, ...]:
     merged: dict[tuple, set[int]] = {}
     for e in g.edges:
         merged.setdefault((e.waiter, e.op.name, e.op.group, e.op.seq), set()).add(e.waits_on)
-    return tuple(WaitEdge(r, tuple(sorted(on)), op, grp, seq) for (r, op, grp, seq), on in sorted(merged.items()))
+    order = sorted(merged.items(), key=lambda kv: (kv[0][0], kv[0][1] or "", kv[0][2] or "", kv[0][3] or 0))
+    return tuple(WaitEdge(r, tuple(sorted(on)), op, grp, seq) for (r, op, grp, seq), on in order)
 
 
 def _last_issued(ctx: Context, rank: int, chan: str) -> Evidence | None:

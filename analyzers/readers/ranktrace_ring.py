@@ -1,9 +1,9 @@
 """Reader for ranktrace's own ring files (``<run>/<host>/rings/*.ring``): live, hung, killed or finished ranks.
 
-Converts one ring into the common EVENTS table, vectorised: the op slots arrive as one numpy structured array
-(tracer.ringformat), string ids map through one ``take``, and the rare meta-region events (init, phases, graph
-captures) are appended as rows. Identity (rank, world) and group records (desc, backend, members) are joined onto
-every row so that the analyzer never has to look them up again.
+Converts one ring into the common EVENTS table, vectorised: the op slots arrive as numpy columns (tracer.ringformat
+copies the ring once, field by field), string ids map through one ``take``, and the rare meta-region events (init,
+phases, graph captures) are merged in as rows. Identity (rank, world) and group records (desc, backend, members)
+are joined onto every row so that the analyzer never has to look them up again.
 """
 from __future__ import annotations
 
@@ -45,50 +45,54 @@ def ring_to_events(rc: rf.RingContents, host: str, file: str) -> pa.Table:
     ident = identity_of(rc)
     rank, world = ident.get("rank"), ident.get("world")
     groups = _groups(rc)
-    arr = rc.slots
-    n = 0 if arr is None else len(arr)
+    n = rc.num_slots
+    arr = rc.columns() if n else {}
     max_id = max(rc.strings) if rc.strings else 0
     strings = [rc.strings.get(i, "?") for i in range(max_id + 1)]
     str_arr = pa.array(strings, pa.string())
 
+    def ids(col: str) -> pa.Array:
+        """String ids as take indices: 0 (no string) is null; ids past the table clamp to its last entry."""
+        raw = arr[col]
+        none = raw == 0
+        return pa.array(raw if int(raw.max()) <= max_id else np.minimum(raw, max_id).astype(raw.dtype),
+                        mask=none if none.any() else None)
+
     def s(col: str) -> pa.Array:
-        ids = np.minimum(arr[col].astype(np.int64), max_id)
-        out = str_arr.take(pa.array(ids))
-        return pa.compute.if_else(pa.array(arr[col] == 0), pa.scalar(None, pa.string()), out)
+        if not arr[col].any():  # e.g. no op failed: no error strings
+            return pa.nulls(n, pa.string())
+        return str_arr.take(ids(col))
 
     def opt(col: str, none: int, typ: pa.DataType) -> pa.Array:
         v = arr[col]
         return pa.array(v, typ, mask=(v == none))
 
+    def const(value: Any, typ: pa.DataType) -> pa.Array:
+        return pa.repeat(pa.scalar(value, typ), n)
+
     cols: dict[str, Any] = {}
     if n:
-        import pyarrow.compute  # noqa: F401  (binds pa.compute)
-
-        kinds = pa.array(np.array(rf.KINDS + ("unknown",) * (256 - len(rf.KINDS)), dtype=object)[arr["kind"]], pa.string())
-        cats = pa.array(np.array(rf.CATEGORIES + ("user",) * (256 - len(rf.CATEGORIES)), dtype=object)[arr["category"]],
-                        pa.string())
-        group_names = s("group")
-        gdesc = {k: v.get("desc") for k, v in groups.items()}
-        gback = {k: v.get("backend") for k, v in groups.items()}
-        granks = {k: v.get("ranks") for k, v in groups.items()}
-        uniq = [g for g in set(group_names.to_pylist()) if g is not None]
-        lookup = pa.array(uniq, pa.string())
-        idx = pa.compute.index_in(group_names, value_set=lookup)
+        kinds = pa.array(rf.KINDS + ("unknown",) * (256 - len(rf.KINDS)), pa.string()).take(pa.array(arr["kind"]))
+        cats = pa.array(rf.CATEGORIES + ("user",) * (256 - len(rf.CATEGORIES)), pa.string()).take(
+            pa.array(arr["category"]))
+        group_ids = ids("group")
+        # group records joined per string id (the string table is small; the slots only carry ids)
+        by_id = [groups.get(g) or {} for g in strings]
         cols = {
-            "host": pa.repeat(host, n) if hasattr(pa, "repeat") else pa.array([host] * n),
-            "pid": pa.array(np.full(n, rc.pid, dtype=np.int64)),
+            "host": const(host, pa.string()),
+            "pid": const(rc.pid, pa.int64()),
             "tid": pa.array(arr["tid"].astype(np.int64)),
-            "rank": pa.array([rank] * n, pa.int32()),
-            "world": pa.array([world] * n, pa.int32()),
+            "rank": const(rank, pa.int32()),
+            "world": const(world, pa.int32()),
             "t_ns": pa.array(arr["t_ns"]),
             "wall_ns": pa.array(arr["t_ns"] - rc.mono0_ns + rc.wall0_ns),
             "kind": kinds,
             "name": s("name"),
             "category": cats,
-            "group": group_names,
-            "group_desc": pa.array([gdesc.get(g) for g in uniq], pa.string()).take(idx),
-            "backend": pa.array([gback.get(g) for g in uniq], pa.string()).take(idx),
-            "group_ranks": pa.array([granks.get(g) for g in uniq], pa.list_(pa.int32())).take(idx),
+            "group": str_arr.take(group_ids),
+            "group_desc": pa.array([g.get("desc") for g in by_id], pa.string()).take(group_ids),
+            "backend": pa.array([g.get("backend") for g in by_id], pa.string()).take(group_ids),
+            "group_ranks": pa.array([g.get("ranks") for g in by_id], pa.list_(pa.int32())).take(group_ids),
             "seq": opt("seq", rf.NONE_I64, pa.int64()),
             "backend_seq": opt("backend_seq", rf.NONE_I64, pa.int64()),
             "peer": opt("peer", rf.NONE_I32, pa.int32()),
@@ -102,8 +106,8 @@ def ring_to_events(rc: rf.RingContents, host: str, file: str) -> pa.Table:
             "parent_span_id": pa.array(arr["parent_span_id"], mask=(arr["parent_span_id"] == 0)),
             "error": s("error"),
             "async_op": pa.array((arr["flags"] & rf.FLAG_ASYNC) != 0),
-            "source": pa.array(["events"] * n, pa.string()),
-            "file": pa.array([file] * n, pa.string()),
+            "source": const("events", pa.string()),
+            "file": const(file, pa.string()),
             "line": pa.array(arr["commit"].astype(np.int64) - 1),
         }
         slot_table = pa.table({name: cols.get(name, pa.nulls(n, schema.EVENTS.field(name).type))
@@ -132,7 +136,36 @@ def ring_to_events(rc: rf.RingContents, host: str, file: str) -> pa.Table:
                 "source": "events", "file": file, "line": -(i + 1),  # negative: meta-region record index
             }
         )
-    table = pa.concat_tables([slot_table, schema.table_from_rows(schema.EVENTS, meta_rows)])
+    return _in_time_order(slot_table, arr.get("t_ns"), schema.table_from_rows(schema.EVENTS, meta_rows))
+
+
+_MAX_MERGE_PIECES = 64
+
+
+def _in_time_order(slot_table: pa.Table, slot_t: Any, meta_table: pa.Table) -> pa.Table:
+    """Slots and meta rows in one table, stably sorted by t_ns (nulls last) — as ``sort_by("t_ns")`` of
+    ``concat([slots, meta])`` would give, without copying a million slots to place a few meta rows.
+
+    Slots are in commit order, which is time order for one thread; then the meta rows are merged in as slices
+    (zero-copy). Otherwise (several threads interleaved, or very many meta rows) the whole table is sorted."""
+    if slot_table.num_rows and slot_t is not None and (slot_t.size < 2 or bool(np.all(slot_t[1:] >= slot_t[:-1]))):
+        meta = meta_table.sort_by([("t_ns", "ascending")]) if meta_table.num_rows else meta_table
+        mt = meta["t_ns"].to_pylist()
+        pos = [len(slot_t) if t is None else int(np.searchsorted(slot_t, t, side="right")) for t in mt]
+        if len(set(pos)) * 2 + 1 <= _MAX_MERGE_PIECES:
+            pieces, prev, i = [], 0, 0
+            while i < len(pos):
+                j = i
+                while j < len(pos) and pos[j] == pos[i]:
+                    j += 1
+                if pos[i] > prev:
+                    pieces.append(slot_table.slice(prev, pos[i] - prev))
+                pieces.append(meta.slice(i, j - i))
+                prev, i = pos[i], j
+            if prev < slot_table.num_rows or not pieces:
+                pieces.append(slot_table.slice(prev))
+            return pa.concat_tables(pieces)
+    table = pa.concat_tables([slot_table, meta_table])
     return table.sort_by([("t_ns", "ascending")]) if table.num_rows else table
 
 

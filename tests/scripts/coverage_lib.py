@@ -1,0 +1,27 @@
+"""The job's own helpers that tests/test_capture_coverage.py names with ``trace run --hook``.
+
+``Comm`` stands in for a pynccl / custom all-reduce wrapper (hooked as category collective: seq per object must
+line up across ranks); ``load_weights`` for a serving engine's start-up phase (hooked as category phase).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+
+class Comm:
+    """A communicator object; each instance is its own group for ranktrace."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        self.group = group
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(t, group=self.group)
+        return t
+
+
+def load_weights(seconds: float = 0.05) -> str:
+    time.sleep(seconds)
+    return "loaded"
