@@ -92,3 +92,33 @@ def test_attach_to_a_hung_torchrun_job_started_without_ranktrace(tmp_path: Path)
     finally:
         os.killpg(job_proc.pid, signal.SIGKILL)
         job_proc.wait(timeout=10)
+
+
+def test_trace_dir_deleted_under_a_running_monitor(tmp_path: Path):
+    """The trace dir vanishes mid-run: one line each for what could not be written, no traceback, and the job's
+    own exit status still comes through (gloo times out after 8 s, mp.spawn exits 1)."""
+    import shutil
+
+    run = tmp_path / "r"
+    proc = subprocess.Popen(TRACE + ["run", "-o", str(run), "--hang-after", "3"] +
+                            ["--", PY, str(EXAMPLE), "--world", "2", "--steps", "6", "--fault", "skip", "--timeout",
+                             "8", "--hang-seconds", "300"],
+                            env=trace_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not list(run.glob("*/rings/*.ring")):
+            time.sleep(0.2)
+        time.sleep(1.0)
+        shutil.rmtree(run)
+        _out, err = proc.communicate(timeout=90)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    # the job's own traceback (its frames pass through our wrappers) but none from trace run itself
+    for ours in ("ranktrace/cli.py", "tracer/launcher.py", "tracer/monitor.py", "tracer/samplers.py", "tracer/meta.py"):
+        assert ours not in err, err[-3000:]
+    assert proc.returncode == 1, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("[ranktrace] job exited with status 1")

@@ -293,15 +293,18 @@ def launch(
         log("NVML did not answer within 5 s (wedged driver?): no GPU details in meta.json")
     elif gpu is not None and gpu.unavailable and not gpu_child:
         log(gpu.unavailable)
-    meta.update_meta(
-        host_dir,
-        end_wall_ns=time.time_ns(),
-        exit={"returncode": returncode, "exit_code": exit_code_of(returncode),
-              "signal": -returncode if returncode < 0 else None, "signals_forwarded": received,
-              "killed_on_hang": bool(killed)},
-        gpus=gpu.gpus if gpu else [],
-        driver={"version": gpu.driver, "cuda": gpu.cuda_driver} if gpu else None,
-    )
+    try:
+        meta.update_meta(
+            host_dir,
+            end_wall_ns=time.time_ns(),
+            exit={"returncode": returncode, "exit_code": exit_code_of(returncode),
+                  "signal": -returncode if returncode < 0 else None, "signals_forwarded": received,
+                  "killed_on_hang": bool(killed)},
+            gpus=gpu.gpus if gpu else [],
+            driver={"version": gpu.driver, "cuda": gpu.cuda_driver} if gpu else None,
+        )
+    except (OSError, ValueError) as e:  # trace dir deleted or damaged under us: the job's status still counts
+        log(f"could not update {host_dir / 'meta.json'}: {e}")
     return RunOutcome(exit_code_of(returncode), returncode, run_dir, host_dir, killed_on_hang=bool(killed),
                       hang_detected=hang_detected)
 
