@@ -42,7 +42,7 @@ def graph_capture(ctx: Context) -> list[Candidate]:
                                          "began cuda graph capture, never registered its graph addresses", r))
         values = {o["value"] for o in regs.values()}
         if len(values) > 1:
-            evidence.append(Evidence("server_log", None, None, f"ranks registered different address counts: "
+            evidence.append(Evidence("server_log", None, None, "ranks registered different address counts: "
                                      + ", ".join(f"rank {r}: {o['value']}" for r, o in sorted(regs.items())), None))
     else:
         culprits = set()

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from analyzers import schema
 
-__all__ = ["Skipped", "ReadResult", "ReaderError", "empty_result"]
+__all__ = ["Skipped", "ReadResult", "ReaderError", "ColumnMap", "empty_result"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,17 @@ class ReadResult:
     observations: pa.Table = field(default_factory=lambda: schema.empty(schema.OBSERVATIONS))
     skipped: tuple[Skipped, ...] = ()
     world_size: int | None = None  # when the file states the world size (so unobserved ranks can be named)
+
+
+@dataclass(frozen=True)
+class ColumnMap:
+    """One line of a reader's declared raw -> column mapping (style.md: field mapping is declared, per reader)."""
+
+    raw: str
+    column: str
+    type: str
+    default: str
+    since: str
 
 
 class ReaderError(Exception):

@@ -45,7 +45,7 @@ from typing import Any, Iterable
 
 from analyzers import schema
 from analyzers.opnames import P2P_OPS, canonical_op
-from analyzers.readers.base import ReaderError, ReadResult, Skipped
+from analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped
 from analyzers.readers.rankinfer import rank_from_name
 
 __all__ = [
@@ -59,17 +59,6 @@ __all__ = [
 ]
 
 FORMAT = "flight_recorder"
-
-
-@dataclass(frozen=True)
-class ColumnMap:
-    """One line of the declared raw → column mapping."""
-
-    raw: str
-    column: str
-    type: str
-    default: str
-    since: str
 
 
 #: How FR fields become EVENTS columns (``since`` = first FR version seen with the field, formats.md §3).

@@ -90,7 +90,7 @@ import pyarrow.compute as pc
 
 from analyzers import schema
 from analyzers.opnames import canonical_op
-from analyzers.readers.base import ReaderError, ReadResult, Skipped
+from analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped
 
 __all__ = [
     "FORMAT",
@@ -104,17 +104,6 @@ __all__ = [
 ]
 
 FORMAT = "nccl_log"
-
-
-@dataclass(frozen=True)
-class ColumnMap:
-    """One line of the declared raw → column mapping."""
-
-    raw: str
-    column: str
-    type: str
-    default: str
-    since: str
 
 
 #: How COLL-line fields become EVENTS columns (formats.md §1.2, §1.6).

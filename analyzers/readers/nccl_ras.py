@@ -43,23 +43,12 @@ from typing import Any
 
 from analyzers import schema
 from analyzers.opnames import canonical_op
-from analyzers.readers.base import ReaderError, ReadResult, Skipped
+from analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped
 from analyzers.readers.nccl_log import normalize_comm_id
 
 __all__ = ["FORMAT", "COLUMN_MAP", "ColumnMap", "OBSERVATION_KINDS", "sniff", "read"]
 
 FORMAT = "nccl_ras"
-
-
-@dataclass(frozen=True)
-class ColumnMap:
-    """One line of the declared raw → column mapping."""
-
-    raw: str
-    column: str
-    type: str
-    default: str
-    since: str
 
 
 #: How RAS fields become OBSERVATIONS columns.

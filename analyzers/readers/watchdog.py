@@ -54,22 +54,11 @@ from typing import Any
 
 from analyzers import schema
 from analyzers.opnames import canonical_op
-from analyzers.readers.base import ReaderError, ReadResult, Skipped
+from analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped
 
 __all__ = ["FORMAT", "COLUMN_MAP", "ColumnMap", "OBSERVATION_KINDS", "OPTYPE_NAMES", "sniff", "read"]
 
 FORMAT = "watchdog"
-
-
-@dataclass(frozen=True)
-class ColumnMap:
-    """One line of the declared raw → column mapping."""
-
-    raw: str
-    column: str
-    type: str
-    default: str
-    since: str
 
 
 #: How watchdog line fields become EVENTS columns.
