@@ -189,6 +189,13 @@ def _default_members(op: PendingOp, world: int | None) -> tuple[int, ...]:
     return ()
 
 
+# Ops whose per-rank input sizes differ legitimately (uneven all_to_all splits in MoE, gather/scatter roots,
+# pickled objects): never a SIZE mismatch.
+VARIABLE_SIZE_OPS = frozenset({"all_to_all", "all_to_all_single", "gather", "scatter", "all_gather_object",
+                               "gather_object", "scatter_object_list", "broadcast_object_list", "coalesced",
+                               "batch_isend_irecv"})
+
+
 def compare_issuers(ops: Iterable[PendingOp]) -> tuple[MatchState, tuple[int, ...], tuple[int, ...]]:
     """Compare what each rank issued at one (channel, seq): state, minority ranks, majority ranks.
 
@@ -197,8 +204,10 @@ def compare_issuers(ops: Iterable[PendingOp]) -> tuple[MatchState, tuple[int, ..
     ops = [o for o in ops if o.category != "p2p"]
     if len(ops) < 2:
         return MatchState.UNDECIDED, (), tuple(o.rank for o in ops)
-    for state, key in ((MatchState.OP_MISMATCH, lambda o: o.name), (MatchState.DTYPE_MISMATCH, lambda o: o.dtype),
-                       (MatchState.SIZE_MISMATCH, lambda o: o.nbytes if o.nbytes is not None else o.shape)):
+    checks = [(MatchState.OP_MISMATCH, lambda o: o.name), (MatchState.DTYPE_MISMATCH, lambda o: o.dtype)]
+    if not any(o.name in VARIABLE_SIZE_OPS for o in ops):
+        checks.append((MatchState.SIZE_MISMATCH, lambda o: o.nbytes if o.nbytes is not None else o.shape))
+    for state, key in checks:
         values = [key(o) for o in ops]
         if any(v is None for v in values):
             continue

@@ -20,6 +20,23 @@ def _err(msg: str) -> None:
     click.echo(f"[ranktrace] {msg}", err=True)
 
 
+def _one_line_errors(fn):  # type: ignore[no-untyped-def]
+    """A command never ends in a traceback: an unexpected error is one line and exit 4 ("inconclusive")."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+        try:
+            return fn(*args, **kwargs)
+        except (SystemExit, click.exceptions.Exit, click.ClickException, KeyboardInterrupt):
+            raise
+        except Exception as e:
+            _err(f"{fn.__name__} failed (a ranktrace bug, please report): {type(e).__name__}: {e}")
+            sys.exit(4)
+
+    return wrapper
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """ranktrace: which collective, graph capture or init step never returned, on which ranks, and why."""
@@ -122,8 +139,11 @@ def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None, snaps
     if snapshot:
         from tracer import live
 
-        for problem in live.snapshot_live([p for p in paths if p.is_dir()]):
-            _err(problem)
+        try:
+            for problem in live.snapshot_live([p for p in paths if p.is_dir()]):
+                _err(problem)
+        except Exception as e:  # a failed snapshot must not stop the analysis of what is on disk
+            _err(f"live snapshot skipped: {type(e).__name__}: {e}")
 
     try:
         result = facade.analyze_with_timeline(list(paths))
@@ -135,7 +155,11 @@ def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None, snaps
         sys.exit(4)
     verdict = result.verdict
     if perfetto is not None:
-        perfetto.write_text(perfetto_report.render(result))
+        try:
+            perfetto.write_text(perfetto_report.render(result))
+        except OSError as e:
+            _err(f"cannot write {perfetto}: {e.strerror or e}")
+            sys.exit(EXIT_USAGE)
     click.echo(json_report.render(verdict) if as_json else text_report.render(verdict))
     sys.exit(facade.exit_code(verdict))
 
@@ -145,6 +169,7 @@ def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None, snaps
 @click.option("-o", "--output", "out_base", type=click.Path(path_type=Path), default=Path("traces"),
               show_default=True, help="Where the attach trace directory is created.")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
+@_one_line_errors
 def attach(pids: tuple[int, ...], out_base: Path, as_json: bool) -> None:
     """Diagnose a running job not started under ranktrace: PIDS are the launcher or any ranks."""
     import os as _os
@@ -170,6 +195,7 @@ def attach(pids: tuple[int, ...], out_base: Path, as_json: bool) -> None:
 @main.command()
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
+@_one_line_errors
 def snapshot(run_dir: Path, as_json: bool) -> None:
     """Force a capture burst on a running `trace run` and print the verdict now."""
     from analyzers import facade
@@ -191,6 +217,7 @@ def snapshot(run_dir: Path, as_json: bool) -> None:
 @click.argument("a", type=click.Path(exists=True, path_type=Path))
 @click.argument("b", type=click.Path(exists=True, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@_one_line_errors
 def compare(a: Path, b: Path, as_json: bool) -> None:
     """Put two runs side by side (good vs hung, H100 vs Blackwell) and name where they diverge."""
     import json as _json

@@ -46,7 +46,11 @@ def find_pyspy() -> str | None:
 def proc_threads(pid: int) -> list[dict[str, object]]:
     """Per-thread state, wchan and CPU ticks from /proc (no ptrace needed)."""
     out = []
-    for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+    try:
+        tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
+    except OSError:  # the process exited between discovery and sampling
+        return out
+    for tid in tids:
         base = f"/proc/{pid}/task/{tid}"
         try:
             with open(f"{base}/stat", "rb") as f:

@@ -172,6 +172,10 @@ class TraceState:
         if self.ring is None:
             if self._rec is None:
                 self._rec = self._factory()  # the factory may set _rec itself first (tracer.inject's identity)
+            inherited = getattr(self, "_inherited_strings", None)
+            if inherited:  # a forked child: keep the parent's string ids (wrappers cache them) valid in our ring
+                self._rec.adopt_strings(inherited)
+                self._inherited_strings = None
             self.put = slot_writer(self._rec)
             self.ring = ring_parts(self._rec)
         return self._rec  # type: ignore[return-value]
@@ -208,8 +212,12 @@ class TraceState:
         return nid
 
     def reset_after_fork(self, recorder_factory: Callable[[], Recorder]) -> None:
-        """In a forked child: its own ring, fresh thread state; seq counters stay (the child inherits group state)."""
+        """In a forked child: its own ring, fresh thread state; seq counters stay (the child inherits group state).
+
+        Wrappers cache string ids (op names, group names) from the parent's ring; the child's ring adopts the
+        parent's whole string table under the same ids, so those caches stay true."""
         self._factory = recorder_factory
+        self._inherited_strings = dict(self._rec._strings) if self._rec is not None else None
         self._rec = None
         self.put = self._put_first
         self.ring = None

@@ -208,8 +208,9 @@ def _record_process_exit(state: Any, user: Any) -> None:
         try:
             if state._rec is not None and state.enabled:
                 rec = state._rec
+                # never wait for the lock: a signal handler calling os._exit may have interrupted a meta write
                 rec.meta({"type": "event", "kind": "mark", "name": "process_exit", "category": "phase",
-                          "t_ns": rec.clock(), "tid": threading.get_native_id(), "detail": detail})
+                          "t_ns": rec.clock(), "tid": threading.get_native_id(), "detail": detail}, blocking=False)
         except Exception:
             pass
 
@@ -223,9 +224,9 @@ def _record_process_exit(state: Any, user: Any) -> None:
     atexit.register(at_exit)
     real_exit = os._exit
 
-    def _exit(code: int) -> None:  # type: ignore[misc]
-        mark(f"os._exit({code})")
-        real_exit(code)
+    def _exit(*args: Any, **kwargs: Any) -> None:  # type: ignore[misc]  (same call forms as os._exit(status))
+        mark(f"os._exit({', '.join([*map(repr, args), *(f'{k}={v!r}' for k, v in kwargs.items())])})")
+        real_exit(*args, **kwargs)
 
     _exit.__wrapped__ = real_exit  # type: ignore[attr-defined]
     os._exit = _exit

@@ -34,7 +34,9 @@ __all__ = ["RunOptions", "LaunchError", "RunOutcome", "prepare_run_dir", "launch
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 MIN_FREE_BYTES = 64 << 20
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# Signals meant for the job (Slurm sends USR1/USR2 before preemption; QUIT asks for a dump) go to its group.
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT,
+             signal.SIGALRM, signal.SIGWINCH, signal.SIGCONT)
 
 
 class LaunchError(Exception):

@@ -69,10 +69,14 @@ class Recorder:
         self._span = itertools.count(1)
 
     # --- non-wrapping region -------------------------------------------------------------------------
-    def meta(self, record: dict[str, Any]) -> bool:
-        """Append a JSON record to the non-wrapping region. Returns False when the region is full."""
+    def meta(self, record: dict[str, Any], blocking: bool = True) -> bool:
+        """Append a JSON record to the non-wrapping region. Returns False when the region is full, or when
+        `blocking` is False and another write holds the lock (an exit path must never wait: a signal handler
+        may have interrupted that very write in this thread)."""
         body = json.dumps(record, separators=(",", ":"), default=str).encode()
-        with self._meta_lock:
+        if not self._meta_lock.acquire(blocking):
+            return False
+        try:
             off = self._meta_off
             end = off + rf.META_REC.size + len(body)
             if end + rf.META_REC.size > rf.META_OFFSET + self.meta_bytes:
@@ -82,6 +86,8 @@ class Recorder:
             rf.META_REC.pack_into(self._buf, off, len(body), 0)
             self._buf[off + rf.META_REC.size:end] = body
             rf.META_REC.pack_into(self._buf, off, len(body), rf.META_COMMIT)
+        finally:
+            self._meta_lock.release()
         return True
 
     def _mark_meta_full(self) -> None:
@@ -104,6 +110,15 @@ class Recorder:
             return self.intern("?") if s != "?" else 0
         self._strings[s] = sid
         return sid
+
+    def adopt_strings(self, strings: dict[str, int]) -> None:
+        """Take over another ring's string table with the same ids (a forked child's ring, tracer.hooks)."""
+        for value, sid in sorted(strings.items(), key=lambda kv: kv[1]):
+            if sid and value not in self._strings:
+                if self.meta({"type": "str", "id": sid, "v": value}):
+                    self._strings[value] = sid
+        top = max(strings.values(), default=0)
+        self._next_string = itertools.count(top + 1)
 
     def new_span(self) -> int:
         return next(self._span)

@@ -285,11 +285,13 @@ class StackDump:
 
 
 def pyspy_dump(pyspy: str, pid: int, *, native: bool = False, timeout: float = 5.0) -> StackDump:
-    """``py-spy dump --nonblocking --json`` of one process (never pauses it). Never raises."""
+    """``py-spy dump --nonblocking --json`` of one process (never pauses it). Never raises.
+
+    With `native`, py-spy refuses --nonblocking, so that one dump pauses the rank for its duration (0.1-0.75 s
+    here): only hang-time bursts ask for it (--native-stacks), never periodic samples."""
     wall, mono = time.time_ns(), time.monotonic_ns()
-    cmd = [pyspy, "dump", "--nonblocking", "--json", "--pid", str(pid)]
-    if native:
-        cmd.insert(2, "--native")
+    cmd = [pyspy, "dump", "--native", "--json", "--pid", str(pid)] if native else \
+        [pyspy, "dump", "--nonblocking", "--json", "--pid", str(pid)]
     try:
         res = subprocess.run(cmd, capture_output=True, timeout=timeout, text=True)
     except subprocess.TimeoutExpired:

@@ -18,7 +18,9 @@ END = "cuda_graph_capture_end"
 
 
 def graph_capture(ctx: Context) -> list[Candidate]:
-    open_caps = {r: s for r, s in ctx.open_by_rank().items() if s.category == "graph"}
+    # only capture spans: a rank blocked launching CUDAGraph.replay() (also category graph) is not capturing
+    open_caps = {r: s for r, s in ctx.open_by_rank().items()
+                 if s.category == "graph" and s.name in ("cuda_graph_capture", "make_graphed_callables")}
     capturing_ops = {s.rank for s in ctx.open_spans if s.capturing and s.rank is not None}
     marks = _capture_marks(ctx)
     regs = {o["rank"]: o for o in ctx.observations("graph_registration") if o["rank"] is not None}

@@ -215,11 +215,20 @@ def _first_error_ns(ctx: Context) -> int | None:
 
 
 def _exit_marks(ctx: Context) -> dict[int, dict]:
+    """process_exit marks of each rank's own process: one that issued ops or called init_process_group.
+
+    Every process that imports torch under `trace run` gets a ring and inherits RANK from its environment, so a
+    helper subprocess or a DataLoader worker of rank r would otherwise make "rank r exited" look true.
+    """
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     ev = ctx.events
+    workers = ev.filter(pc.and_(pc.equal(ev["kind"], "enter"),
+                                pc.is_in(ev["category"], value_set=pa.array(["collective", "p2p", "init"]))))
+    main_pids = set(pc.unique(workers["pid"].drop_null()).to_pylist()) if workers.num_rows else set()
     marks = ev.filter(pc.and_(pc.equal(ev["kind"], "mark"), pc.equal(ev["name"], "process_exit")))
-    return {r["rank"]: r for r in marks.to_pylist() if r["rank"] is not None}
+    return {r["rank"]: r for r in marks.to_pylist() if r["rank"] is not None and r["pid"] in main_pids}
 
 
 def _exited(ctx: Context, culprits: set[int], into: list[waitfor.Edge]) -> tuple[set[int], list[Evidence]]:
