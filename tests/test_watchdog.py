@@ -90,7 +90,14 @@ def test_attach_to_a_hung_torchrun_job_started_without_ranktrace(tmp_path: Path)
                                                                                      [0, 1, 2])
         assert v["operation"]["name"] == "all_reduce" and "next_batch" in v["summary"]
     finally:
-        os.killpg(job_proc.pid, signal.SIGKILL)
+        # torchrun starts its workers in sessions of their own: kill every descendant, not only its group
+        from tracer.attach import descendants
+
+        for pid in reversed(descendants([job_proc.pid])):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         job_proc.wait(timeout=10)
 
 
