@@ -51,7 +51,10 @@ class Recorder:
         self.meta_bytes = meta_bytes
         self._ops_offset = rf.META_OFFSET + meta_bytes
         size = self._ops_offset + slots * rf.SLOT_SIZE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        # Written under a temporary name and published with link(): a live reader (the monitor, `trace analyze`)
+        # never sees a ring whose header is not written yet, and an existing ring is never replaced.
+        tmp = f"{path}.{os.getpid()}.part"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             os.ftruncate(fd, size)
             self._buf = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -61,6 +64,20 @@ class Recorder:
             self._buf, 0, rf.MAGIC, rf.VERSION, os.getpid(), clock(), wall_clock(), meta_bytes, rf.SLOT_SIZE,
             slots, 0, socket.gethostname().encode()[:63], proctitle.encode("utf-8", "replace")[:127],
         )
+        try:
+            os.link(tmp, path)  # FileExistsError when the name is taken: the caller picks another
+        except FileExistsError:
+            self._buf.close()
+            os.unlink(tmp)
+            raise
+        except OSError:  # a filesystem without hard links
+            if os.path.exists(path):
+                self._buf.close()
+                os.unlink(tmp)
+                raise FileExistsError(path) from None
+            os.rename(tmp, path)
+        else:
+            os.unlink(tmp)
         self._next = itertools.count()
         self._meta_off = rf.META_OFFSET
         self._meta_lock = threading.Lock()
