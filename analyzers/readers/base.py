@@ -20,7 +20,8 @@ import pyarrow as pa
 
 from analyzers import schema
 
-__all__ = ["Skipped", "ReadResult", "ReaderError", "ColumnMap", "empty_result"]
+__all__ = ["Skipped", "ReadResult", "ReaderError", "ColumnMap", "empty_result", "read_file_bytes",
+           "empty_file", "decode_text"]
 
 
 @dataclass(frozen=True)
@@ -69,3 +70,23 @@ class ReaderError(Exception):
 def empty_result(path: str | Path, fmt: str) -> ReadResult:
     """A result with no rows (a readable file that held nothing useful)."""
     return ReadResult(file=str(path), format=fmt)
+
+
+def read_file_bytes(path: Path) -> bytes:
+    """The whole file, or ReaderError naming it (every small-file reader starts here)."""
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ReaderError(path, f"cannot open: {exc.strerror or exc}") from exc
+
+
+def empty_file(path: str | Path, fmt: str, reason: str = "empty file") -> ReadResult:
+    """A readable file with nothing in it: no rows, one note saying so."""
+    return ReadResult(file=str(path), format=fmt, skipped=(Skipped(str(path), None, reason),))
+
+
+def decode_text(path: str | Path, data: bytes, not_what: str) -> str:
+    """Text of a dump; NUL bytes near the start mean a binary file (a core, a pickle): ReaderError ``not_what``."""
+    if b"\x00" in data[:4096]:
+        raise ReaderError(path, not_what)
+    return data.decode("utf-8", errors="replace")

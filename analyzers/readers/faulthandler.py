@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from analyzers import schema
-from analyzers.readers.base import ReaderError, ReadResult, Skipped
+from analyzers.readers.base import ReadResult, ReaderError, Skipped, decode_text, empty_file, read_file_bytes
 from analyzers.readers.rankinfer import rank_from_name, split_rank_prefix
 
 __all__ = ["FORMAT", "COLUMN_MAP", "sniff", "read"]
@@ -93,16 +93,11 @@ class _Thread:
 def read(path: Path) -> ReadResult:
     """Read every faulthandler dump in one file into STACKS (and fatal errors into OBSERVATIONS)."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ReaderError(path, f"cannot open: {exc.strerror or exc}") from exc
+    data = read_file_bytes(path)
     f = str(path)
     if not data.strip():
-        return ReadResult(file=f, format=FORMAT, skipped=(Skipped(f, None, "empty file"),))
-    if b"\x00" in data[:4096]:
-        raise ReaderError(path, "binary data, not a faulthandler dump")
-    text = data.decode("utf-8", errors="replace")
+        return empty_file(f, FORMAT)
+    text = decode_text(path, data, "binary data, not a faulthandler dump")
 
     threads: list[_Thread] = []
     obs: list[dict[str, Any]] = []

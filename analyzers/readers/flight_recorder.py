@@ -45,7 +45,7 @@ from typing import Any, Iterable
 
 from analyzers import schema
 from analyzers.opnames import P2P_OPS, canonical_op
-from analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped
+from analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped, empty_file, read_file_bytes
 from analyzers.readers.rankinfer import rank_from_name
 
 __all__ = [
@@ -417,13 +417,10 @@ def rank_from_filename(name: str) -> int | None:
 def read(path: Path) -> ReadResult:
     """Read one FR dump (pickle or JSON) into EVENTS and OBSERVATIONS."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ReaderError(path, f"cannot open: {exc.strerror or exc}") from exc
+    data = read_file_bytes(path)
     f = str(path)
     if not data.strip():
-        return ReadResult(file=f, format=FORMAT, skipped=(Skipped(f, None, "empty file (dump never written?)"),))
+        return empty_file(f, FORMAT, "empty file (dump never written?)")
     raw, skipped, encoding = _load(path, data)
 
     version = raw.get("version")

@@ -37,7 +37,7 @@ from typing import Any
 
 from analyzers import schema
 from analyzers.opnames import canonical_op
-from analyzers.readers.base import ReaderError, ReadResult, Skipped
+from analyzers.readers.base import ReadResult, Skipped, decode_text, empty_file, read_file_bytes
 
 __all__ = ["FORMAT", "LINE_MAP", "sniff", "read"]
 
@@ -150,16 +150,11 @@ def _culprits(text: str, line: int) -> list[tuple[int, str, int]]:
 def read(path: Path) -> ReadResult:
     """Parse torchfrtrace output into OBSERVATIONS; never raises on an unknown line."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ReaderError(path, f"cannot open: {exc.strerror or exc}") from exc
+    data = read_file_bytes(path)
     f = str(path)
-    if b"\x00" in data[:4096]:
-        raise ReaderError(path, "binary data, not torchfrtrace text output")
-    text = data.decode("utf-8", errors="replace")
+    text = decode_text(path, data, "binary data, not torchfrtrace text output")
     if not text.strip():
-        return ReadResult(file=f, format=FORMAT, skipped=(Skipped(f, None, "empty file"),))
+        return empty_file(f, FORMAT)
 
     blocks: list[_Block] = []
     obs: list[dict[str, Any]] = []

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from analyzers import schema
-from analyzers.readers.base import ReaderError, ReadResult, Skipped
+from analyzers.readers.base import ReadResult, ReaderError, Skipped, decode_text, empty_file, read_file_bytes
 from analyzers.readers.rankinfer import rank_from_name, split_rank_prefix
 
 __all__ = ["FORMAT", "COLUMN_MAP", "sniff", "read", "frame_text"]
@@ -146,16 +146,11 @@ class _Thread:
 def read(path: Path) -> ReadResult:
     """Read gdb ``thread apply all bt`` output (one or several processes) into STACKS."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ReaderError(path, f"cannot open: {exc.strerror or exc}") from exc
+    data = read_file_bytes(path)
     f = str(path)
     if not data.strip():
-        return ReadResult(file=f, format=FORMAT, skipped=(Skipped(f, None, "empty file"),))
-    if b"\x00" in data[:4096]:
-        raise ReaderError(path, "binary data (a core file?), not gdb text output")
-    text = data.decode("utf-8", errors="replace")
+        return empty_file(f, FORMAT)
+    text = decode_text(path, data, "binary data (a core file?), not gdb text output")
 
     threads: list[_Thread] = []
     section_pid: dict[int, int] = {}

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from analyzers import schema
-from analyzers.readers.base import ReaderError, ReadResult, Skipped
+from analyzers.readers.base import ReadResult, ReaderError, Skipped, decode_text, empty_file, read_file_bytes
 from analyzers.readers.rankinfer import rank_from_name, split_rank_prefix
 
 __all__ = ["FORMAT", "COLUMN_MAP", "sniff", "read", "classify_error"]
@@ -379,16 +379,11 @@ def _read_json(path: Path, text: str, file_rank: int | None) -> tuple[list[dict[
 def read(path: Path) -> ReadResult:
     """Read one file of py-spy output (text or JSON) into STACKS."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ReaderError(path, f"cannot open: {exc.strerror or exc}") from exc
+    data = read_file_bytes(path)
     f = str(path)
     if not data.strip():
-        return ReadResult(file=f, format=FORMAT, skipped=(Skipped(f, None, "empty file"),))
-    if b"\x00" in data[:4096]:
-        raise ReaderError(path, "binary data, not py-spy output")
-    text = data.decode("utf-8", errors="replace")
+        return empty_file(f, FORMAT)
+    text = decode_text(path, data, "binary data, not py-spy output")
     file_rank = rank_from_name(path.name)
 
     if text.lstrip().startswith("["):
