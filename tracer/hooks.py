@@ -50,12 +50,25 @@ from typing import Any, Callable, Iterator
 
 from . import redact
 from .recorder import Recorder
+
+try:  # the compiled fast path of the collective and sync wrappers (tracer/_fastspan.c); optional
+    from ._fastspan import FastSpan as _FastSpan
+    from ._fastspan import MODE_FUNCTION as _MODE_FUNCTION
+    from ._fastspan import MODE_PG_METHOD as _MODE_PG_METHOD
+    from ._fastspan import MODE_SYNC as _MODE_SYNC
+    FASTPATH_ERROR: str | None = None
+except Exception as _e:  # not built here (no compiler, Python < 3.11): the pure-Python wrappers do everything
+    _FastSpan = None
+    _MODE_FUNCTION = _MODE_PG_METHOD = _MODE_SYNC = -1
+    FASTPATH_ERROR = f"{type(_e).__name__}: {_e}"
+FASTPATH_ENV = "RANKTRACE_FASTPATH"  # "0": pure-Python wrappers only (A/B benchmarks, parity tests)
 from .slotwriter import CAT, COMMIT, KIND, N32, N64, PACK, SLOT_SIZE, SlotWriter, ring_parts, slot_writer
 
 __all__ = [
     "TraceState", "OP_SPECS", "INIT_OPS", "install_c10d", "make_pg_method_wrapper", "make_wait_wrapper",
     "make_graph_enter_wrapper", "make_graph_exit_wrapper", "make_capture_wrapper", "make_replay_wrapper",
     "make_sync_wrapper", "make_graphed_callables_wrapper", "make_user_wrapper", "UNTRACED", "MAX_GAP_NOTES",
+    "fastpath_available", "FASTPATH_ENV", "FASTPATH_ERROR",
 ]
 
 # name -> (category, input tensor argument, input is a list, peer argument names)
@@ -93,6 +106,7 @@ _SENDS = frozenset({"send", "isend", "send_object_list"})
 _ALWAYS_ASYNC = frozenset({"isend", "irecv"})
 UNTRACED = "untraced_ops"
 MAX_GAP_NOTES = 32        # untraced_ops marks with a readable detail in the meta region; later ones go to op slots
+MAX_SHAPES = 4096         # distinct (dtype, shape) strings per process; later shapes are recorded by rank only
 MAX_META_SPANS = 4096     # --hook phase enter/exit records in the meta region before they spill to op slots
 _WORK_PURGE = 4096        # weak work -> op entries kept before dead ones are swept
 
@@ -145,7 +159,11 @@ class TraceState:
         # id(code) -> (code, outside torch/ranktrace?, {bytecode offset: call-site string id})
         self.code_info: dict[int, tuple[Any, bool, dict[int, int]]] = {}
         self.tensor_ids: dict[tuple[Any, tuple[int, ...]], tuple[int, int, int]] = {}
-        self.skip_prefixes: tuple[str, ...] = (os.path.dirname(os.path.abspath(__file__)),)
+        # frames a call site never names: ranktrace, and the stdlib plumbing between a caller and a wrapped call
+        # (contextlib/functools wrappers; asyncio's loop, which runs a task whose creator is further back)
+        lib = os.path.dirname(os.path.abspath(os.__file__))
+        self.skip_prefixes: tuple[str, ...] = (os.path.dirname(os.path.abspath(__file__)),) + tuple(
+            os.path.join(lib, m) for m in ("contextlib", "functools", "asyncio"))
         self.c10d: Any = None
         self._world_of: Callable[[], Any] = lambda: None
         self.c10d_world: Any = None  # torch's _World, when its default_pg storage can be read directly
@@ -421,16 +439,21 @@ class TraceState:
             return 0, 0, N64
         ids = self.tensor_ids.get(key)
         if ids is None:
+            many = len(self.tensor_ids) >= MAX_SHAPES
             try:
                 shape = tuple(key[1])
                 n = 1
                 for d in shape:
                     n *= d
-                ids = (self.rec.intern(str(key[0]).replace("torch.", "")), self.rec.intern(str(list(shape))),
+                # Past MAX_SHAPES distinct shapes (dynamic shapes in a serving loop), a shape is written as its rank
+                # only: the meta region, which never wraps, must not fill with shape strings (nbytes stays exact).
+                text = f"<{len(shape)}-d, shape not kept>" if many else str(list(shape))
+                ids = (self.rec.intern(str(key[0]).replace("torch.", "")), self.rec.intern(text),
                        n * t.element_size())
             except (AttributeError, TypeError):
                 return 0, 0, N64
-            self.tensor_ids[key] = ids
+            if not many:
+                self.tensor_ids[key] = ids
         return ids
 
 
@@ -461,8 +484,39 @@ def _positions(fn: Callable[..., Any]) -> dict[str, int]:
         return {}
 
 
+def error_text(err: BaseException) -> str:
+    """What a ring keeps of a job's exception: type and message, secrets redacted (a failed rendezvous names its
+    URL, credentials included), cut to 500 characters. A message that cannot even be rendered is said so."""
+    try:
+        msg = str(err)
+    except Exception as e:  # a broken __str__ of the job's exception must not become ranktrace's failure
+        msg = f"<message not readable: {type(e).__name__}>"
+    return redact.redact_value(f"{type(err).__name__}: {msg}")[:500]
+
+
 def _error_id(st: TraceState, err: BaseException) -> int:
-    return st.rec.intern(f"{type(err).__name__}: {err}"[:500])
+    return st.rec.intern(error_text(err))
+
+
+def fastpath_available() -> bool:
+    """Whether new wrappers get the compiled fast path (built, and not turned off by RANKTRACE_FASTPATH=0)."""
+    return _FastSpan is not None and os.environ.get(FASTPATH_ENV, "1") != "0"
+
+
+def _with_fastpath(st: TraceState, slow: Callable[..., Any], orig: Callable[..., Any], name: str, mode: int,
+                   category: str, gi: int = -1, ti: int = -1, ai: int = -1, tensor_kw: str | None = None,
+                   always_async: bool = False) -> Callable[..., Any]:
+    """`slow` (a Python wrapper of this module) behind the compiled fast path, when there is one.
+
+    The fast path does the common call itself and passes every other one to `slow` untouched, so `slow` keeps
+    all the semantics (see tracer/_fastspan.c). Indexes are positions in the call's arguments, -1 for none."""
+    if not fastpath_available():
+        return slow
+    try:
+        return _FastSpan(st, slow, orig, name, mode, CAT[category], gi, ti, ai, tensor_kw, always_async, _error_id)
+    except Exception as e:  # never the job's problem: the Python wrapper does the work
+        st.note("fastpath", f"{name}: {type(e).__name__}: {e}")
+        return slow
 
 
 # ============================================================================================================
@@ -689,7 +743,13 @@ def _make_op_wrapper(st: TraceState, name: str, orig: Callable[..., Any]) -> Cal
         return pg, tens, peer, gpeer, aop
 
     p2p = None if category != "p2p" else ("send" if name in _SENDS else "recv")
-    return _finish(_op_span(st, name, category, orig, extract, p2p=p2p), orig)
+    slow = _op_span(st, name, category, orig, extract, p2p=p2p)
+    if p2p is not None:
+        return _finish(slow, orig)
+    fast = _with_fastpath(st, _finish(slow, orig), orig, name, _MODE_FUNCTION, category,
+                          gi if gi < big else -1, ti if ti < big else -1, ai if ai < big else -1, tensor_arg,
+                          always_async)
+    return _finish(fast, orig)
 
 
 def make_pg_method_wrapper(st: TraceState, method: str, op: str, category: str, tensor_index: int | None,
@@ -708,7 +768,11 @@ def make_pg_method_wrapper(st: TraceState, method: str, op: str, category: str, 
         return (args[0] if n else None), tens, None, gpeer, True
 
     p2p = None if category != "p2p" else ("send" if op == "send" else "recv")
-    wrapper = _op_span(st, op, category, orig, extract, p2p=p2p, self_is_pg=True)
+    wrapper = _finish(_op_span(st, op, category, orig, extract, p2p=p2p, self_is_pg=True), orig, name=method,
+                      qualname=f"ProcessGroup.{method}")
+    if p2p is None:
+        wrapper = _with_fastpath(st, wrapper, orig, op, _MODE_PG_METHOD, category,
+                                 ti=-1 if tensor_index is None else tensor_index)
     return _finish(wrapper, orig, name=method, qualname=f"ProcessGroup.{method}")
 
 
@@ -950,7 +1014,7 @@ def _make_init_wrapper(st: TraceState, name: str, orig: Callable[..., Any]) -> C
             try:
                 if nv is not None:
                     nv.pop()
-                record("error", span, {"error": f"{type(e).__name__}: {e}"[:500]})
+                record("error", span, {"error": error_text(e)})
             except Exception as e2:
                 st.fail(e2)
             raise
@@ -1033,7 +1097,7 @@ def _close_capture(st: TraceState, span: int, gid: int, parent: int, nv: Any, er
         nv.pop()
     extra: dict[str, Any] = {"graph_id": gid}
     if err is not None:
-        extra["error"] = f"{type(err).__name__}: {err}"[:500]
+        extra["error"] = error_text(err)
     st.meta_event("error" if err is not None else "exit", CAPTURE, "graph", span, st.local.tid, **extra)
     st.rebaseline(check=False)  # captured collectives moved backend counters; they are not untraced ops
 
@@ -1259,7 +1323,7 @@ def make_sync_wrapper(st: TraceState, name: str, orig: Callable[..., Any]) -> Ca
             st.fail(e)
         return result
 
-    return _finish(sync, orig)
+    return _finish(_with_fastpath(st, _finish(sync, orig), orig, name, _MODE_SYNC, "sync"), orig)
 
 
 def make_graphed_callables_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -1299,7 +1363,7 @@ def _meta_span_call(st: TraceState, name: str, category: str, orig: Callable[...
         try:
             if nv is not None:
                 nv.pop()
-            st.meta_event("error", name, category, span, local.tid, error=f"{type(e).__name__}: {e}"[:500])
+            st.meta_event("error", name, category, span, local.tid, error=error_text(e))
         except Exception as e2:
             st.fail(e2)
         raise
@@ -1330,6 +1394,11 @@ def make_user_wrapper(st: TraceState, spec: str, qualname: str, category: str, o
     graph / sync / user: op records in that category.
     The depth guard is left open inside: torch.distributed calls the target makes are recorded as its children.
     """
+    if inspect.isasyncgenfunction(orig):
+        # a wrapper would have to re-yield every item and would hide that it is an async generator: not patched
+        raise TypeError("async generator functions are not traced (hook the coroutine that iterates it)")
+    if inspect.iscoroutinefunction(orig):
+        return _make_async_user_wrapper(st, spec, qualname, category, orig, bound)
     if category == "phase":
         def phase_hook(*args: Any, **kwargs: Any) -> Any:
             if st.meta_spans >= MAX_META_SPANS:  # a hot "phase": stop spending the non-wrapping region on it
@@ -1339,6 +1408,23 @@ def make_user_wrapper(st: TraceState, spec: str, qualname: str, category: str, o
 
         return _finish(phase_hook, orig)
     cat = CAT[category]
+    group_of = _bound_group_of(st, spec, qualname, bound)
+
+    def user_hook(*args: Any, **kwargs: Any) -> Any:
+        grp = None
+        if cat == _C_COLL and st.enabled and not st.local.depth:
+            try:
+                grp = group_of(args[0] if bound and args else None)
+            except Exception as e:
+                st.fail(e)
+        return _slot_span_call(st, qualname, cat, grp, orig, args, kwargs, sys._getframe(1))
+
+    return _finish(user_hook, orig)
+
+
+def _bound_group_of(st: TraceState, spec: str, qualname: str, bound: bool) -> Callable[[Any], tuple[int, str]]:
+    """obj -> (group id, group name) of a collective --hook target: "hook:<qualname>#<k>" for the k-th distinct
+    object this rank called it on, "hook:<qualname>" for a plain function."""
     groups: dict[int, tuple[Any, int, str]] = {}
     plain_group: list[tuple[int, str] | None] = [None]
 
@@ -1359,16 +1445,66 @@ def make_user_wrapper(st: TraceState, spec: str, qualname: str, category: str, o
         groups[id(obj)] = (ref, gid, gname)
         return gid, gname
 
-    def user_hook(*args: Any, **kwargs: Any) -> Any:
-        grp = None
-        if cat == _C_COLL and st.enabled and not st.local.depth:
-            try:
-                grp = group_of(args[0] if bound and args else None)
-            except Exception as e:
-                st.fail(e)
-        return _slot_span_call(st, qualname, cat, grp, orig, args, kwargs, sys._getframe(1))
+    return group_of
 
-    return _finish(user_hook, orig)
+
+def _make_async_user_wrapper(st: TraceState, spec: str, qualname: str, category: str, orig: Callable[..., Any],
+                             bound: bool) -> Callable[..., Any]:
+    """An ``async def`` target (a serving engine's scheduler step, a request handler): the wrapper is itself a
+    coroutine function — frameworks check ``inspect.iscoroutinefunction`` — and its span runs from the first step
+    of the coroutine to its return, across every await. Other coroutines interleave on this thread meanwhile, so
+    the span is not made the parent of what runs during it (the thread-wide current span would mis-parent them)."""
+    group_of = _bound_group_of(st, spec, qualname, bound) if category == "collective" else None
+
+    async def async_hook(*args: Any, **kwargs: Any) -> Any:
+        local = st.tls.ts
+        if local is None:
+            local = st.new_thread()
+        if local.depth or not st.enabled:
+            return await orig(*args, **kwargs)
+        try:
+            tid, parent, span = local.tid, local.span, st.new_span()
+            frame = sys._getframe(1)
+            if category == "phase" and st.meta_spans < MAX_META_SPANS:
+                st.meta_spans += 1
+                meta = True
+                st.meta_event("enter", qualname, "phase", span, tid, callsite=_callsite_text(st, frame),
+                              parent_span_id=parent or None)
+            else:
+                meta = False
+                cat = CAT[category]
+                gid, seq = 0, N64
+                if group_of is not None:
+                    gid, gname = group_of(args[0] if bound and args else None)
+                    seq = st.seq.get(gname, 0) + 1
+                    st.seq[gname] = seq
+                name_id, cs = st.name_id(qualname), st.callsite(frame)
+                st.put(_ENTER, cat, 0, name_id, gid, cs, 0, 0, 0, N32, N32, seq, N64, N64, span, parent, tid)
+        except Exception as e:
+            st.fail(e)
+            return await orig(*args, **kwargs)
+        try:
+            result = await orig(*args, **kwargs)
+        except BaseException as e:  # CancelledError included: the span ends where the task was cancelled
+            try:
+                if meta:
+                    st.meta_event("error", qualname, "phase", span, tid, error=error_text(e))
+                else:
+                    st.put(_ERROR, cat, 0, name_id, gid, cs, 0, 0, _error_id(st, e), N32, N32, seq, N64, N64, span,
+                           parent, tid)
+            except Exception as e2:
+                st.fail(e2)
+            raise
+        try:
+            if meta:
+                st.meta_event("exit", qualname, "phase", span, tid)
+            else:
+                st.put(_EXIT, cat, 0, name_id, gid, cs, 0, 0, 0, N32, N32, seq, N64, N64, span, parent, tid)
+        except Exception as e:
+            st.fail(e)
+        return result
+
+    return _finish(async_hook, orig)
 
 
 def _user_group(st: TraceState, name: str, spec: str, obj: Any) -> tuple[int, str]:
@@ -1487,9 +1623,7 @@ def install_c10d(st: TraceState, c10d: Any) -> dict[str, str]:
     import torch  # already imported: c10d is being imported
 
     st.c10d = c10d
-    lib = os.path.dirname(os.path.abspath(inspect.__file__))
-    st.skip_prefixes = st.skip_prefixes + (os.path.dirname(os.path.abspath(torch.__file__)),
-                                           lib + os.sep + "contextlib", lib + os.sep + "functools")
+    st.skip_prefixes = st.skip_prefixes + (os.path.dirname(os.path.abspath(torch.__file__)),)
     st.non_member = getattr(c10d.GroupMember, "NON_GROUP_MEMBER", st.non_member)
     world = getattr(c10d, "_world", None)
     if world is not None and hasattr(type(world), "default_pg"):

@@ -142,7 +142,8 @@ def install() -> None:
             ext = None
         if ext is not None:
             how.update(pg_hooks.install_process_group(state, ext))
-        rec.meta({"type": "hooks", "c10d": how})
+        rec.meta({"type": "hooks", "c10d": how, "fastpath": hooks.fastpath_available(),
+                  "fastpath_error": hooks.FASTPATH_ERROR})
         for raw, problem in bad:  # malformed RANKTRACE_HOOKS entries (trace run checks --hook itself): said once
             user.problem(raw, problem)
         user.retry_pending()

@@ -164,6 +164,15 @@ def _children_of(pid: int) -> list[int]:
     return out
 
 
+def _fastpath_problem() -> str | None:
+    """Why the ranks will run the pure-Python wrappers (tracer/_fastspan.c not built here), or None."""
+    from . import hooks
+
+    if os.environ.get(hooks.FASTPATH_ENV, "1") == "0":
+        return None  # asked for: nothing to warn about
+    return hooks.FASTPATH_ERROR
+
+
 def launch(
     opts: RunOptions,
     *,
@@ -179,6 +188,10 @@ def launch(
                                     hooks=opts.hooks)
     m = meta.initial_meta(opts.command, os.environ, plan.added, host_dir.name, run_dir.name)
     meta.write_meta(host_dir, m)
+
+    fast_error = _fastpath_problem()
+    if fast_error:
+        log(f"compiled fast path unavailable ({fast_error}): each traced call costs ~2 us instead of < 1 us")
 
     libc = _libc()
     if libc is not None:

@@ -58,6 +58,11 @@ torch.cuda._lazy_init = lazy_init
 def swap_inner(wrapper, replacement) -> None:
     """Point a ranktrace wrapper at a stand-in instead of the real (GPU-only) function it wraps."""
     assert getattr(wrapper, "__ranktrace__", False), wrapper
+    slow = getattr(wrapper, "slow", None)
+    if slow is not None:  # the compiled fast path (tracer/_fastspan.c) calls its __wrapped__; unusual calls go to slow
+        swap_inner(slow, replacement)
+        wrapper.__wrapped__ = replacement
+        return
     for cell in wrapper.__closure__:
         if cell.cell_contents is wrapper.__wrapped__:
             cell.cell_contents = replacement
