@@ -20,7 +20,7 @@ import pytest
 from tests.helpers import PY, REPO, SCRIPTS, events, meta, run_trace, trace_env
 
 HOOKS = ["coverage_lib:Comm.all_reduce=collective", "coverage_lib:load_weights=phase", "coverage_lib:Missing.method",
-         "__main__:Stage.run"]
+         "__main__:Stage.run", "coverage_lib:Scheduler.step=phase"]
 # what every rank issues on the default group, in order (tests/scripts/coverage_job.py)
 WORLD_OPS = ["all_reduce", "broadcast", "barrier",            # ProcessGroup methods
              "all_reduce", "all_reduce",                      # dist.all_reduce, async
@@ -152,7 +152,30 @@ def test_phase_hook_in_the_meta_region_and_main_script_target_resolved(job):
         assert [(r["kind"], r["category"]) for r in stage] == [("enter", "user"), ("exit", "user")]
     first_op = min(r["t_ns"] for r in rows if r["name"] == "all_reduce")
     early = pa.Table.from_pylist([r for r in rows if r["t_ns"] < first_op], schema=events_schema())
-    assert timeline.last_phase(early) == {0: "load_weights", 1: "load_weights"}
+    assert timeline.last_phase(early) == {0: "Scheduler.step", 1: "Scheduler.step"}
+
+
+def test_async_hook_target_stays_a_coroutine_and_its_span_covers_the_awaits(job):
+    """The job asserts inspect.iscoroutinefunction on the hooked method (it exits non-zero otherwise); the span
+    must last the 50 ms the coroutine awaits, not the instant a sync wrapper would take to create it."""
+    _, _, rows = job
+    for rank in (0, 1):
+        step = [r for r in rows if r["rank"] == rank and r["name"] == "Scheduler.step"]
+        assert [(r["kind"], r["category"]) for r in step] == [("enter", "phase"), ("exit", "phase")]
+        assert step[1]["t_ns"] - step[0]["t_ns"] >= 50_000_000
+        assert "coverage_job.py" in (step[0]["callsite"] or "")
+
+
+def test_async_generator_targets_are_refused_not_silently_changed(tmp_path: Path):
+    from tracer import hooks
+    from tracer.recorder import Recorder
+
+    async def stream():  # noqa: ANN202
+        yield 1
+
+    st = hooks.TraceState(lambda: Recorder(str(tmp_path / "r.ring"), slots=64), 0, 1)
+    with pytest.raises(TypeError, match="async generator"):
+        hooks.make_user_wrapper(st, "m:stream=user", "stream", "user", stream, bound=False)
 
 
 def events_schema() -> pa.Schema:

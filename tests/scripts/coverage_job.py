@@ -7,7 +7,9 @@ a _coalescing_manager block of two all_reduces, a functional collective (Python 
 mark must say so), then two Comm objects (hooked as collectives) called 2 and 1 times, and Stage.run, a method of
 this script itself (hooked as ``__main__:Stage.run``: resolved once init_process_group runs in the spawned rank).
 """
+import asyncio
 import datetime
+import inspect
 import os
 import socket
 import sys
@@ -30,6 +32,8 @@ def rank_main(rank: int, world: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=30))
     peer = 1 - rank
     assert coverage_lib.load_weights() == "loaded"
+    assert inspect.iscoroutinefunction(coverage_lib.Scheduler.step)  # still a coroutine function once hooked
+    assert asyncio.run(coverage_lib.Scheduler().step()) == "stepped"
     pg = dist.group.WORLD
     t = torch.ones(4)
     pg.allreduce([t]).wait()                              # PG method, handle waited
