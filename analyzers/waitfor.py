@@ -95,12 +95,21 @@ class Stuck:
     ops: tuple[PendingOp, ...]
 
 
+@dataclass(frozen=True)
+class Unknown:
+    """`rank` has no record left on the channel (its ring wrapped past them): whether it issued `op` is unknown."""
+
+    rank: int
+    op: PendingOp  # the op another rank waits in
+
+
 @dataclass
 class WaitForGraph:
     edges: list[Edge] = field(default_factory=list)
     mismatches: list[Mismatch] = field(default_factory=list)
     stuck: list[Stuck] = field(default_factory=list)
     members: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    unknown: list[Unknown] = field(default_factory=list)
 
     def successors(self) -> dict[int, set[int]]:
         out: dict[int, set[int]] = {}
@@ -119,8 +128,13 @@ def _chan_members(ops: pa.Table, world: int | None) -> dict[str, tuple[int, ...]
     return {c: tuple(sorted(m)) for c, m in members.items()}
 
 
-def build_graph(ops: pa.Table, group_ranks: dict[str, tuple[int, ...]], world: int | None) -> WaitForGraph:
-    """Wait-for graph from the OPS table (analyzers.timeline) and each group's member ranks."""
+def build_graph(ops: pa.Table, group_ranks: dict[str, tuple[int, ...]], world: int | None,
+                wrapped: frozenset[int] = frozenset()) -> WaitForGraph:
+    """Wait-for graph from the OPS table (analyzers.timeline) and each group's member ranks.
+
+    `wrapped`: ranks whose ring lost its oldest records. Such a rank with no record at all on a channel may have
+    issued the op others wait in long ago: it becomes an Unknown, not an edge (a rank with a record left on the
+    channel below the op really stopped there — the wrap only ever loses older records)."""
     g = WaitForGraph()
     if ops.num_rows == 0:
         return g
@@ -167,8 +181,12 @@ def build_graph(ops: pa.Table, group_ranks: dict[str, tuple[int, ...]], world: i
         for rank, p in sorted(heads_c.items()):
             op = next(o for o in by_key[(chan, p)] if o.rank == rank)
             missing = [m for m in members if m != rank and last_c.get(m, 0) < p]
+            unknown = [m for m in missing if m in wrapped and m not in last_c]
             for m in missing:
-                g.edges.append(Edge(rank, m, op))
+                if m in unknown:
+                    g.unknown.append(Unknown(m, op))
+                else:
+                    g.edges.append(Edge(rank, m, op))
             if not missing:
                 stuck_at.setdefault(p, []).append(rank)
         for p in sorted(set(heads_c.values())):

@@ -139,6 +139,50 @@ def test_hang_with_a_capture_open(tmp_path: Path):
     assert v["operation"]["phase"] == "cuda_graph_capture"
 
 
+def _wrapped_ring_rings(tmp: Path, rank1_tail: int, rank1_last: int = 5) -> Path:
+    """Rings written by the real recorder: both ranks issued world all_reduce seq 1..4 (NCCL: issued, then the
+    next one is what tells the previous one finished); rank 0 waits in seq 5. Rank 1 then issued `rank1_tail` ops
+    on its own TP group "1" — enough of them wrap its 64-slot ring past every world record."""
+    from tracer.recorder import Recorder
+
+    host = tmp / "run" / "node0-abc"
+    (host / "rings").mkdir(parents=True)
+    (host / "meta.json").write_text(json.dumps({"schema": "ranktrace.meta/1", "hostname": "elsewhere",
+                                                "exit": None, "pids": {}}))
+    for rank in (0, 1):
+        rec = Recorder(str(host / "rings" / f"{100 + rank}.ring"), slots=64)
+        rec.meta({"type": "identity", "rank": rank, "world": 2})
+        rec.meta({"type": "group", "name": "0", "desc": "default_pg", "backend": "nccl", "ranks": [0, 1]})
+        rec.meta({"type": "group", "name": "1", "desc": "tp", "backend": "nccl", "ranks": [rank]})
+        w, tp, ar = rec.intern("0"), rec.intern("1"), rec.intern("all_reduce")
+        for seq in range(1, 5 if rank == 0 else rank1_last + 1):
+            rec.op("enter", "collective", ar, tid=1, group_id=w, seq=seq, span_id=seq)
+            rec.op("exit", "collective", ar, tid=1, group_id=w, seq=seq, span_id=seq)
+        if rank == 0:
+            rec.op("enter", "collective", ar, tid=1, group_id=w, seq=5, span_id=5)
+        else:
+            for seq in range(1, rank1_tail + 1):
+                rec.op("enter", "collective", ar, tid=1, group_id=tp, seq=seq, span_id=100 + seq)
+                rec.op("exit", "collective", ar, tid=1, group_id=tp, seq=seq, span_id=100 + seq)
+        rec.close()
+    return host.parent
+
+
+def test_a_rank_whose_ring_wrapped_past_a_group_is_not_blamed_for_it(tmp_path: Path):
+    """Rank 1 issued seq 5 long ago; its ring no longer shows it. Without the wrap it is plainly there."""
+    v = verdict_of(_wrapped_ring_rings(tmp_path / "wrapped", rank1_tail=100))
+    assert 1 not in v["culprit_ranks"] and v["kind"] != "missing_ranks", v["summary"]
+    (f,) = [f for f in v["findings"] if f["kind"] == "ring_wrapped"]
+    assert f["ranks"] == [1] and "all_reduce seq 5" in f["summary"] and "rank 0 waits in it" in f["summary"]
+    # the same job with rank 1's world records still in its ring: rank 1 issued seq 5, so nobody is "missing" it
+    v = verdict_of(_wrapped_ring_rings(tmp_path / "kept", rank1_tail=10))
+    assert not [f for f in v["findings"] if f["kind"] == "ring_wrapped"] and v["kind"] != "missing_ranks"
+    # a rank 1 that really stopped at seq 4, its ring wrapped but still holding seq 3 and 4: still named
+    v = verdict_of(_wrapped_ring_rings(tmp_path / "stopped", rank1_tail=30, rank1_last=4))
+    assert (v["kind"], v["culprit_ranks"], v["waiting_ranks"]) == ("missing_ranks", [1], [0])
+    assert any("overwritten by the ring wrap" in f["summary"] for f in v["findings"])
+
+
 def test_every_scenario_verdict_round_trips_and_renders():
     from analyzers.report import json_report, text_report
     from analyzers.verdict import Verdict

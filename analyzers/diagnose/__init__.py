@@ -12,7 +12,7 @@ from typing import Callable
 
 from analyzers import stacks as stacks_mod
 from analyzers.diagnose.blocked_rule import blocked_outside
-from analyzers.diagnose.candidate import Candidate, ranks_text
+from analyzers.diagnose.candidate import Candidate, op_evidence, ranks_text
 from analyzers.diagnose.context import Context, build_context
 from analyzers.diagnose.graph_rule import graph_capture
 from analyzers.diagnose.init_rule import init_hang, nccl_init_hang
@@ -41,6 +41,7 @@ def diagnose(inputs: Inputs, ctx: Context | None = None) -> Verdict:
         primary = None  # after "serving", a rank waiting for requests is idle, not hung
     findings: list[Finding] = [f for c in candidates for f in c.findings]
     findings.extend(_input_findings(inputs))
+    findings.extend(_unknown_findings(ctx))
     status = _status(ctx, primary)
     world = ctx.world
     unobserved = tuple(sorted(set(range(world)) - ctx.observed_ranks)) if world else ()
@@ -154,6 +155,23 @@ def _stack_tree(ctx: Context) -> str:
     if not ctx.stacks:
         return ""
     return stacks_mod.render(stacks_mod.merge({r: s.frames for r, s in ctx.stacks.items()}))
+
+
+def _unknown_findings(ctx: Context) -> list[Finding]:
+    """Ranks the wait-for graph could not place because their ring wrapped past the channel (never blamed)."""
+    by_rank: dict[int, list] = {}
+    for u in ctx.graph.unknown:
+        by_rank.setdefault(u.rank, []).append(u.op)
+    out = []
+    for rank, ops in sorted(by_rank.items()):
+        o = ops[0]
+        waiters = sorted({x.rank for x in ops})
+        out.append(Finding(
+            "ring_wrapped", f"rank {rank}'s ring wrapped and holds no record of group {o.group}: whether it issued "
+            f"{o.name} seq {o.seq} ({ranks_text(waiters)} {'waits' if len(waiters) == 1 else 'wait'} in it) is unknown, "
+            "so it is not blamed for it",
+            (rank,), 0.5, tuple(op_evidence(x) for x in ops[:3])))
+    return out
 
 
 def _input_findings(inputs: Inputs) -> list[Finding]:

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analyzers import hoststate, schema, timeline, waitfor
+from analyzers.readers.ranktrace_ring import RING_WRAPPED
 from analyzers.sources import Inputs
 
 __all__ = ["Context", "build_context", "JobStatus"]
@@ -186,6 +187,14 @@ def _group_ranks(events: pa.Table) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def _wrapped(events: pa.Table) -> frozenset[int]:
+    """Ranks whose ring wrapped (readers.ranktrace_ring's ring_wrapped mark)."""
+    if not events.num_rows:
+        return frozenset()
+    marks = events.filter(pc.and_(pc.equal(events["kind"], "mark"), pc.equal(events["name"], RING_WRAPPED)))
+    return frozenset(r for r in marks["rank"].to_pylist() if r is not None)
+
+
 def build_context(inputs: Inputs) -> Context:
     events = schema.concat(schema.EVENTS, [inputs.events, _ras_events(inputs.observations)])
     ops = timeline.build_ops(events)
@@ -235,7 +244,7 @@ def build_context(inputs: Inputs) -> Context:
                     parents.add(int(info["ppid"]))
     unranked -= parents  # mp.spawn / torchrun parents are launchers, not ranks
     return Context(
-        inputs=inputs, events=events, ops=ops, graph=waitfor.build_graph(ops, group_ranks, world),
+        inputs=inputs, events=events, ops=ops, graph=waitfor.build_graph(ops, group_ranks, world, _wrapped(events)),
         group_ranks=group_ranks, world=world, observed_ranks=observed, open_spans=timeline.open_spans(events),
         stacks=stacks, host_states=host_states, phases=timeline.last_phase(events), job=job,
         rank_pids={r: tuple(sorted(p)) for r, p in rank_pids.items()}, unranked_pids=tuple(sorted(unranked)),

@@ -17,9 +17,10 @@ from analyzers import schema
 from analyzers.readers.base import ReaderError, ReadResult, Skipped
 from tracer import ringformat as rf
 
-__all__ = ["FORMAT", "sniff", "read", "ring_to_events", "identity_of"]
+__all__ = ["FORMAT", "RING_WRAPPED", "sniff", "read", "ring_to_events", "identity_of"]
 
 FORMAT = "ranktrace_ring"
+RING_WRAPPED = "ring_wrapped"  # mark at a wrapped ring's oldest surviving record
 
 
 def sniff(path: Path, head: bytes) -> bool:
@@ -136,6 +137,16 @@ def ring_to_events(rc: rf.RingContents, host: str, file: str) -> pa.Table:
                 "source": "events", "file": file, "line": -(i + 1),  # negative: meta-region record index
             }
         )
+    if rc.lost_ops and n:
+        # The wrap lost this rank's oldest ops: from here on, "no record of op k" is not "never issued op k" for a
+        # channel with no record left (analyzers.waitfor reads this mark).
+        first = int(arr["t_ns"].min())
+        meta_rows.append({
+            "host": host, "pid": rc.pid, "rank": rank, "world": world, "t_ns": first,
+            "wall_ns": first - rc.mono0_ns + rc.wall0_ns, "kind": "mark", "name": RING_WRAPPED,
+            "detail": f"{rc.lost_ops} older op record(s) overwritten by the ring wrap before this time",
+            "source": "events", "file": file, "line": -(len(rc.meta) + 1),
+        })
     return _in_time_order(slot_table, arr.get("t_ns"), schema.table_from_rows(schema.EVENTS, meta_rows))
 
 
