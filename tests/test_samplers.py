@@ -251,6 +251,64 @@ def test_ring_tail_follows_a_wrapping_ring(tmp_path: Path):
     rec.close()
 
 
+def test_ring_tail_skips_a_slot_the_writer_is_inside(tmp_path: Path, monkeypatch):
+    """Seqlock: a slot whose commit word changes between the two reads of a range (the writer zeroed it to start
+    rewriting) is not applied from the first read's bytes; the next update reads it whole."""
+    from tracer import ringformat as rf
+    from tracer import samplers
+    from tracer.recorder import Recorder
+
+    path = tmp_path / "4243-x.ring"
+    rec = Recorder(str(path), slots=64, meta_bytes=1 << 16)
+    rec.meta({"type": "identity", "rank": 0, "world": 2})
+    name, group = rec.intern("all_reduce"), rec.intern("0")
+    for seq in (1, 2, 3):
+        rec.op("enter", "collective", name, tid=1, group_id=group, seq=seq)
+    tail = samplers.RingTail(path)
+    assert tail.update() and tail.newest == 3 and tail.group_seq == {"0": 3}
+    rec.op("enter", "collective", name, tid=1, group_id=group, seq=999)  # index 4, read while being rewritten
+    slot4 = rf.META_OFFSET + (1 << 16) + 3 * rf.SLOT_SIZE
+    real_open = open
+    fired = []
+
+    class Racing:
+        """The ring file as the tail reads it, with the writer zeroing slot 4's commit word right after the tail's
+        first read of that slot (the moment a rewrite begins)."""
+
+        def __init__(self, f):  # noqa: ANN001
+            self.f = f
+
+        def __enter__(self):  # noqa: ANN204
+            return self
+
+        def __exit__(self, *exc):  # noqa: ANN002, ANN204
+            self.f.close()
+
+        def seek(self, off: int) -> int:
+            return self.f.seek(off)
+
+        def read(self, n: int = -1) -> bytes:
+            at = self.f.tell()
+            data = self.f.read(n)
+            if at == slot4 and not fired:
+                fired.append(at)
+                fd = os.open(path, os.O_WRONLY)
+                os.pwrite(fd, b"\0" * 8, slot4)
+                os.close(fd)
+            return data
+
+    monkeypatch.setattr(samplers, "open", lambda p, mode="r": Racing(real_open(p, mode)), raising=False)
+    tail.update()
+    assert fired and tail.group_seq == {"0": 3} and tail.newest == 3  # the half-rewritten record was not applied
+    monkeypatch.undo()
+    rec.op("enter", "collective", name, tid=1, group_id=group, seq=4)  # the writer's next record lands in slot 5
+    fd = os.open(path, os.O_WRONLY)  # and slot 4 is whole again (the rewrite finished: seq 4 issued there)
+    os.pwrite(fd, struct.pack("<Q", 4), slot4)
+    os.close(fd)
+    assert tail.update() and tail.newest == 5 and tail.group_seq == {"0": 4}
+    rec.close()
+
+
 def test_status_line_rate_and_format():
     from tracer.statusline import StatusLine, compact_group, format_status
 

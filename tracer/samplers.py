@@ -493,8 +493,7 @@ class RingTail:
         ops = rf.META_OFFSET + meta_size
         words = slot_size // 8
 
-        def read_range(first: int, count: int) -> Any:
-            """Slots [first, first+count) by ring position, as raw bytes (two reads across the wrap)."""
+        def raw_range(first: int, count: int) -> bytes:
             pos = first % slots
             n1 = min(count, slots - pos)
             f.seek(ops + pos * slot_size)
@@ -503,6 +502,22 @@ class RingTail:
                 f.seek(ops)
                 data += f.read((count - n1) * slot_size)
             return data
+
+        def read_range(first: int, count: int) -> Any:
+            """Slots [first, first+count) by ring position, as bytes (two reads across the wrap). Seqlock: the range
+            is read a second time and a slot whose commit word changed in between (the writer was inside it) gets
+            commit 0, so it is not applied; the next update reads it whole."""
+            data = raw_range(first, count)
+            again = raw_range(first, count)
+            n = min(len(data), len(again)) // slot_size
+            c1 = np.frombuffer(data, dtype="<u8", count=n * words)[::words]
+            c2 = np.frombuffer(again, dtype="<u8", count=n * words)[::words]
+            torn = np.flatnonzero(c1 != c2)
+            if not torn.size:
+                return data
+            out = np.frombuffer(data, dtype="<u8", count=n * words).copy()
+            out[torn * words] = 0
+            return out.tobytes()
 
         if not self._scanned:
             self._full_scan(f, read_range)
