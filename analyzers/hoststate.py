@@ -78,11 +78,19 @@ def classify(frames: tuple[str, ...], thread_state: str | None = None) -> str:
     return "unknown" if not frames else "running"
 
 
-def latest_stacks(stacks: pa.Table) -> dict[int, RankStack]:
-    """Each rank's most telling thread in its latest snapshot: MainThread, else the first non-poller thread."""
+def latest_stacks(stacks: pa.Table, prefer: dict[int, int] | None = None) -> dict[int, RankStack]:
+    """Each rank's most telling thread in its latest snapshot: MainThread, else the first non-poller thread.
+
+    `prefer`: rank -> the pid that issued the rank's ops. A rank's helper processes (a serving engine's tokenizer,
+    data workers) inherit its RANK and so its rank; when the op-issuing process has stacks, only its stacks count."""
     st = stacks.filter(pc.is_valid(stacks["rank"]))
     if st.num_rows == 0:
         return {}
+    if prefer:
+        ranks, pids = st["rank"].to_pylist(), st["pid"].to_pylist()
+        have = {(r, p) for r, p in zip(ranks, pids) if prefer.get(r) == p}
+        keep = [prefer.get(r) is None or (r, prefer[r]) not in have or p == prefer[r] for r, p in zip(ranks, pids)]
+        st = st.filter(pa.array(keep, pa.bool_()))
     st = st.sort_by([("wall_ns", "ascending"), ("file", "ascending"), ("line", "ascending")])
     rows = st.select(["rank", "pid", "thread_name", "thread_state", "frames", "native", "source", "file", "line",
                       "snapshot"]).to_pylist()

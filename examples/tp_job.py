@@ -17,6 +17,9 @@ TP group, and every few steps an all_gather of a metric over the world. ``--faul
   straggler      --fault-rank computes for --hang-seconds at --fault-step (through several functions, so its stack
                  keeps changing) while the others wait in that step's all_reduce, then joins: slow, not a hang
 
+``--helpers`` gives every rank a helper process (a tokenizer / data worker of a serving engine) that imports
+torch.distributed with the rank's RANK in its environment, as torchrun's workers pass it on, and then idles.
+
 Runs its own ranks with torch.multiprocessing.spawn, or one rank per process under torchrun (RANK set).
 Pass --timeout so a hung gloo collective raises after that many seconds instead of the default 30 minutes.
 """
@@ -43,7 +46,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hang-seconds", type=float, default=120.0, help="how long a stalled rank stays stalled")
     p.add_argument("--port", type=int, default=0, help="rendezvous port (default: a free one)")
     p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--helpers", action="store_true", help="each rank starts an idle helper process (see above)")
     return p.parse_args(argv)
+
+
+HELPER = "import time, torch.distributed\nwhile True:\n    time.sleep(1)  # a helper waiting for work\n"
+
+
+def start_helper(rank: int, world: int) -> "subprocess.Popen[bytes]":
+    """A child process that shares the rank's RANK / WORLD_SIZE but never joins a process group."""
+    import subprocess
+
+    env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world))
+    return subprocess.Popen([sys.executable, "-c", HELPER], env=env, stdin=subprocess.DEVNULL)
 
 
 def load_weights(seconds: float) -> None:
@@ -127,6 +142,16 @@ def run_rank(rank: int, world: int, args: argparse.Namespace) -> None:
     if args.fault == "slowload":
         load_weights(args.hang_seconds)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
+    helper = start_helper(rank, world) if args.helpers else None
+    try:
+        run_steps(dist, torch, args, rank, world)
+    finally:
+        if helper is not None:
+            helper.kill()
+            helper.wait()
+
+
+def run_steps(dist, torch, args: argparse.Namespace, rank: int, world: int) -> None:
     if args.fault == "tp-skip":
         groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
         tp_group = groups[rank // 2]

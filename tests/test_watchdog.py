@@ -21,8 +21,9 @@ def job(fault: str, *extra: str) -> list[str]:
 def test_skip_is_caught_live_killed_and_explained(tmp_path: Path):
     run = tmp_path / "r"
     t0 = time.monotonic()
+    # --helpers: every rank also has an idle helper process with its RANK (a serving engine's tokenizer, say)
     res = run_trace(["run", "-o", str(run), "--hang-after", "5", "--on-hang", "kill"] + job("skip", "--hang-seconds",
-                                                                                              "300"))
+                                                                                              "300", "--helpers"))
     elapsed = time.monotonic() - t0
     assert res.returncode == 3, res.stderr[-2000:]
     assert elapsed < 5 + 10 + 20  # hang-after + 10 s, plus start-up of 4 ranks on 2 cores
@@ -37,7 +38,12 @@ def test_skip_is_caught_live_killed_and_explained(tmp_path: Path):
     culprit_stack = [e for f in v["findings"] for e in f["evidence"] if e["source"] == "pyspy" and e["rank"] == 3]
     assert culprit_stack and "next_batch" in culprit_stack[0]["detail"]
     dumps = list(run.glob("*/dumps/*/pyspy-*.json"))
-    assert len(dumps) >= 4
+    assert len(dumps) >= 8  # ranks and helpers
+    # each rank's state and stack are its own process's, not its helper's (which shares its RANK but issues no op)
+    states = {r: (s["state"], len(s["pids"])) for r, s in v["ranks"].items()}
+    assert states == {"0": ("in_collective", 2), "1": ("in_collective", 2), "2": ("in_collective", 2),
+                      "3": ("blocked_other", 2)}
+    assert "next_batch" in " ".join(v["ranks"]["3"]["stack"]) and "(<string>:3)" not in v["stack_tree"]  # helper loop
 
 
 def test_rank_that_never_joins_is_an_init_hang(tmp_path: Path):

@@ -187,6 +187,23 @@ def _group_ranks(events: pa.Table) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def _op_pids(events: pa.Table) -> dict[int, int]:
+    """rank -> the pid that issued most of its ops (collective, p2p, init records): its real process, not a helper
+    that inherited RANK (those may write a ring too, but issue nothing)."""
+    if not events.num_rows:
+        return {}
+    ops = events.filter(pc.and_(pc.and_(pc.is_valid(events["rank"]), pc.is_valid(events["pid"])),
+                                pc.is_in(events["category"], value_set=pa.array(["collective", "p2p", "init"]))))
+    if not ops.num_rows:
+        return {}
+    counts = ops.group_by(["rank", "pid"], use_threads=False).aggregate([("pid", "count")])
+    best: dict[int, tuple[int, int]] = {}
+    for r, p, n in zip(counts["rank"].to_pylist(), counts["pid"].to_pylist(), counts["pid_count"].to_pylist()):
+        if r not in best or (n, -p) > (best[r][1], -best[r][0]):
+            best[r] = (p, n)
+    return {r: p for r, (p, _n) in best.items()}
+
+
 def _wrapped(events: pa.Table) -> frozenset[int]:
     """Ranks whose ring wrapped (readers.ranktrace_ring's ring_wrapped mark)."""
     if not events.num_rows:
@@ -217,7 +234,7 @@ def build_context(inputs: Inputs) -> Context:
     for t in (events, inputs.stacks, inputs.observations):
         if t.num_rows and t["rank"].null_count < t.num_rows:
             observed.update(pc.unique(t["rank"].drop_null()).to_pylist())
-    stacks = hoststate.latest_stacks(inputs.stacks)
+    stacks = hoststate.latest_stacks(inputs.stacks, _op_pids(events))
     host_states = {r: hoststate.classify(s.frames, s.thread_state) for r, s in stacks.items()}
     rank_pids: dict[int, set[int]] = {}
     unranked: set[int] = set()
