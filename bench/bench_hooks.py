@@ -1,21 +1,28 @@
 """What tracing costs a rank: added time per traced call, and traced vs untraced all_reduce loops (gloo).
 
-    python bench/bench_hooks.py [--quick]
+    python bench/bench_hooks.py [--quick] [--json]
 
-Part 1 (one process, world-size-1 gloo group, so group lookups and backend-counter reads are real): a ranktrace
-wrapper around a trivial function shaped like ``dist.all_reduce`` / ``ProcessGroup.allreduce`` / a host sync,
-against the bare function: the pure overhead (wrapper + call site + two ring records + backend counter reads +
-NVTX check). NVTX with no tool attached costs one ``is None`` test; the cost of a push/pop pair while a tool is
-attached is measured on its own with an enabled domain built by hand.
+Two implementations of every collective/sync wrapper are measured side by side: the compiled fast path
+(tracer/_fastspan.c, what ranks run when it is built) and the pure-Python wrapper it falls back to (what they run
+where it is not built, and what it hands unusual calls to).
 
-Part 2 (separate processes, as a job runs): a loop of 1-element ``dist.all_reduce`` at world size 1 and 2 (real
-gloo, 2 processes), untraced and traced (tracer injected exactly as ``trace run`` does), alternated over rounds;
-medians of per-batch means and their ratio. Inside each traced job, batches also alternate recording on/off
-(``TraceState.enabled``): that in-process ratio is immune to load drifting between runs (the wrappers' pass-through
-stays in both halves, so it slightly understates the cost against no tracer at all).
+Part 1 (one process, world-size-1 gloo group, so group lookups and backend-counter reads are real): wrappers around a
+trivial function shaped like ``dist.all_reduce`` / ``ProcessGroup.allreduce`` / a host sync, against the bare
+function: the pure overhead (wrapper + call site + two ring records + backend counter reads + NVTX check). NVTX with
+no tool attached costs one ``is None`` test; a push/pop pair under a tool is measured with a domain built by hand.
 
-All times are thread CPU time for part 1 (robust to other load on the machine) and wall time for part 2 (what the
-job sees). Targets (issue #3): <= 1 us added per call; <= 2 % at world size 2.
+Part 2 (separate processes, as a job runs): 1-element ``dist.all_reduce`` at world size 1 and 2 (real gloo, 2
+processes, each pinned to its own CPU). Inside one traced job, rounds of batches — bare (the unwrapped function,
+recording off), compiled, pure Python, and a control (bare + a plain busy loop as long as the compiled path's CPU
+cost) — run back to back on every rank in a shuffled order (a barrier before each batch); the per-round ratio to
+the bare batch is immune to machine load drifting between runs, and its median over rounds is the figure. The
+control tells what any work of the tracer's size costs in this loop: on 2-vCPU VMs a gloo round trip waits on
+thread wake-ups, and ~1 us of extra work per op shows up as several us of wall time. For reference, separate
+untraced and traced jobs (``dist.all_reduce`` as users call it) are also timed, alternated; on a 2-vCPU machine
+those differ by more than tracing costs from one run to the next.
+
+Times: thread CPU time for part 1 (robust to other load), wall time for part 2 (what the job sees).
+Targets (issue #3): <= 1 us added per call; <= 2 % at world size 2.
 """
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ import argparse
 import datetime
 import json
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -31,6 +39,7 @@ import tempfile
 import time
 import timeit
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -75,15 +84,23 @@ def pure_overhead(quick: bool) -> dict[str, float]:
         "traced_sync": hooks.make_sync_wrapper(st, "cuda_synchronize", synchronize),
         "reader": type(pg)._get_sequence_number_for_group,
     }
+    out: dict[str, float] = {"fastpath": hooks.fastpath_available()}
+    for key in ("ar", "pg", "sync"):  # the pure-Python wrapper: the compiled path's .slow, or the wrapper itself
+        glb[f"python_{key}"] = getattr(glb[f"traced_{key}"], "slow", glb[f"traced_{key}"])
     glb["traced_ar"](glb["t"])
+    glb["traced_pg"](pg, [glb["t"]])
+    glb["traced_sync"]()
     number, repeat = (20000, 5) if quick else (100000, 9)
-    out: dict[str, float] = {}
     for key, stmt in (("all_reduce", "{}_ar(t)"), ("pg_method", "{}_pg(pg, [t])"), ("sync", "{}_sync()")):
         bare = _thread_ns(stmt.format("bare"), glb, number, repeat)
         traced = _thread_ns(stmt.format("traced"), glb, number, repeat)
+        python = _thread_ns(stmt.format("python"), glb, number, repeat)
         out[f"{key}_bare_ns"] = bare
         out[f"{key}_traced_ns"] = traced
         out[f"{key}_added_ns"] = traced - bare
+        out[f"{key}_python_added_ns"] = python - bare
+    out["fast_share"] = glb["traced_ar"].fast_calls / max(1, glb["traced_ar"].fast_calls + glb["traced_ar"].slow_calls) \
+        if out["fastpath"] else 0.0
     out["backend_counter_read_ns"] = _thread_ns("reader(pg)", glb, number, repeat)
     out["nvtx_enabled"] = st.nv is not None
     try:  # a push/pop pair as it costs under a tool (no tool here: the domain is built by hand)
@@ -105,42 +122,91 @@ def pure_overhead(quick: bool) -> dict[str, float]:
 
 
 # --- part 2: all_reduce loops in real processes --------------------------------------------------------------
-def loop_worker(rank: int, world: int, batches: int, per_batch: int, out_path: str) -> None:
-    """Per-call wall time of 1-element all_reduce batches. In a traced process, batches alternate between tracing
-    on and off (same schedule on every rank, a barrier before each batch): an A/B inside one process that machine
-    load drifting between separate runs cannot skew."""
+def _wrappers_of(dist: Any) -> tuple[Any, Any, Any] | None:
+    """(unwrapped all_reduce, compiled wrapper or None, pure-Python wrapper) behind dist.all_reduce in a traced
+    process (tracer.hooks swaps the function in the cell of torch's _exception_logger closure); None if untraced."""
+    for cell in getattr(dist.all_reduce, "__closure__", None) or ():
+        inner = cell.cell_contents
+        if getattr(inner, "__ranktrace__", False):
+            slow = getattr(inner, "slow", None)
+            return (inner.__wrapped__, inner, slow) if slow is not None else (inner.__wrapped__, None, inner)
+    return None
+
+
+def _busy_loop(ns: float) -> range:
+    """A range whose empty for-loop takes about `ns` of CPU here (the control: plain work of the tracer's size)."""
+    probe = range(100_000)
+    t0 = time.thread_time_ns()
+    for _ in probe:
+        pass
+    per = (time.thread_time_ns() - t0) / len(probe)
+    return range(max(1, round(ns / per)))
+
+
+def loop_worker(rank: int, world: int, rounds: int, per_batch: int, out_path: str, control_ns: float = 0.0) -> None:
+    """Per-call wall time of 1-element all_reduce batches: {mode: [batch means]} on rank 0.
+
+    Untraced process: mode "plain" (dist.all_reduce). Traced process: "user" (dist.all_reduce, as users call it),
+    and rounds of "bare" / "compiled" / "python" (the function behind torch's logging wrapper, called directly:
+    unwrapped with recording off, the compiled wrapper, the Python wrapper) and "control" (bare plus a busy loop of
+    `control_ns`, the compiled path's CPU cost: what any work of that size costs in this loop), same schedule on
+    every rank. Each rank is pinned to its own CPU when there are enough (as ranks of a GPU job have cores of
+    their own); unpinned, the scheduler's placement of the two ranks and gloo's threads dominates the variance."""
     import torch
     import torch.distributed as dist
 
+    if (os.cpu_count() or 1) >= world:
+        os.sched_setaffinity(0, {rank})  # before init: gloo's threads inherit it
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
     inject = sys.modules.get("_ranktrace_tracer.inject")
     st = getattr(inject, "state", None)
     t = torch.ones(1)
     for _ in range(300):
         dist.all_reduce(t)
-    means: dict[str, list[float]] = {"on": [], "off": []}
-    for i in range(2 * batches if st is not None else batches):
-        mode = "on" if st is None or i % 2 == 0 else "off"
-        if st is not None:
-            st.enabled = mode == "on"
-        dist.barrier()
-        t0 = time.perf_counter_ns()
-        for _ in range(per_batch):
-            dist.all_reduce(t)
-        means[mode].append((time.perf_counter_ns() - t0) / per_batch)
+    wrappers = _wrappers_of(dist) if st is not None else None
+    modes: dict[str, Any] = {"plain" if st is None else "user": dist.all_reduce}
+    if wrappers is not None:
+        bare, compiled, python = wrappers
+        spin = _busy_loop(control_ns)
+
+        def control(tensor: Any) -> None:
+            for _ in spin:
+                pass
+            bare(tensor)
+
+        modes.update(bare=bare, python=python, control=control)
+        if compiled is not None:
+            modes["compiled"] = compiled
+    means: dict[str, list[float]] = {m: [] for m in modes}
+    order = list(modes)
+    shuffle = random.Random(7).shuffle  # the same order on every rank; a fixed order biased the last mode by ~10 %
+    for _ in range(rounds):
+        shuffle(order)
+        for mode in order:
+            fn = modes[mode]
+            if st is not None:
+                st.enabled = mode not in ("bare", "control")
+            for _ in range(20):  # warm this path's caches (first calls from a call site go to Python)
+                fn(t)
+            dist.barrier()
+            t0 = time.perf_counter_ns()
+            for _ in range(per_batch):
+                fn(t)
+            means[mode].append((time.perf_counter_ns() - t0) / per_batch)
     if st is not None:
         st.enabled = True
     if rank == 0:
         Path(out_path).write_text(json.dumps(means))
+    del t
     dist.destroy_process_group()
 
 
-def _loop_entry(rank: int, world: int, batches: int, per_batch: int, out_path: str) -> None:
-    loop_worker(rank, world, batches, per_batch, out_path)
+def _loop_entry(rank: int, world: int, rounds: int, per_batch: int, out_path: str, control_ns: float) -> None:
+    loop_worker(rank, world, rounds, per_batch, out_path, control_ns)
 
 
-def run_loop(world: int, traced: bool, batches: int, per_batch: int) -> dict[str, float]:
-    """Median per-call ns of one job (its own process tree): {"on": ...} untraced, {"on", "off"} traced."""
+def run_loop(world: int, traced: bool, rounds: int, per_batch: int, control_ns: float = 0.0) -> dict[str, list[float]]:
+    """Batch means (ns per call) of one job (its own process tree), per mode (see loop_worker)."""
     with tempfile.TemporaryDirectory(prefix="ranktrace-bench-") as tmp:
         env = dict(os.environ)
         env.pop("RANKTRACE_DIR", None)
@@ -156,30 +222,46 @@ def run_loop(world: int, traced: bool, batches: int, per_batch: int) -> dict[str
             env["MASTER_PORT"] = str(s.getsockname()[1])
         out = Path(tmp) / "means.json"
         code = ("import sys, torch.multiprocessing as mp; sys.path.insert(0, %r); import bench_hooks as b; "
-                "mp.spawn(b._loop_entry, args=(%d, %d, %d, %r), nprocs=%d)"
-                % (str(Path(__file__).resolve().parent), world, batches, per_batch, str(out), world))
+                "mp.spawn(b._loop_entry, args=(%d, %d, %d, %r, %r), nprocs=%d)"
+                % (str(Path(__file__).resolve().parent), world, rounds, per_batch, str(out), control_ns, world))
         subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=600)
-        return {k: statistics.median(v) for k, v in json.loads(out.read_text()).items() if v}
+        return json.loads(out.read_text())
 
 
-def loops(quick: bool) -> dict[str, float]:
-    rounds = 2 if quick else 3
-    batches, per_batch = (10, 200) if quick else (20, 500)
+def _paired(a: list[float], b: list[float]) -> float:
+    """Median of per-round ratios a[i] / b[i] (batches run back to back, so load drift cancels)."""
+    return statistics.median(x / y for x, y in zip(a, b))
+
+
+def loops(quick: bool, control_ns: float) -> dict[str, float]:
+    jobs = 2 if quick else 3
+    rounds, per_batch = (20, 100) if quick else (60, 100)
     out: dict[str, float] = {}
     for world in (1, 2):
-        plain, traced, off = [], [], []
-        for _ in range(rounds):  # alternate, so drift in machine load hits both sides alike
-            plain.append(run_loop(world, False, batches, per_batch)["on"])
-            both = run_loop(world, True, batches, per_batch)
-            traced.append(both["on"])
-            off.append(both["off"])
-        p, t, o = statistics.median(plain), statistics.median(traced), statistics.median(off)
+        plain: list[float] = []
+        user: list[float] = []
+        inproc: dict[str, list[float]] = {"bare": [], "compiled": [], "python": [], "control": []}
+        ratios: dict[str, list[float]] = {"compiled": [], "python": [], "control": []}
+        for _ in range(jobs):  # alternate separate jobs, so drift in machine load hits both sides alike
+            plain.append(statistics.median(run_loop(world, False, rounds, per_batch)["plain"]))
+            traced = run_loop(world, True, rounds, per_batch, control_ns)
+            user.append(statistics.median(traced["user"]))
+            for mode in inproc:
+                if traced.get(mode):
+                    inproc[mode].extend(traced[mode])
+                    if mode != "bare":
+                        ratios[mode].extend(x / y for x, y in zip(traced[mode], traced["bare"]))
+        p, u = statistics.median(plain), statistics.median(user)
         out[f"world{world}_untraced_us"] = p / 1000
-        out[f"world{world}_traced_us"] = t / 1000
-        out[f"world{world}_added_us"] = (t - p) / 1000
-        out[f"world{world}_ratio"] = t / p
-        out[f"world{world}_recording_off_us"] = o / 1000
-        out[f"world{world}_ratio_in_process"] = t / o
+        out[f"world{world}_traced_us"] = u / 1000
+        out[f"world{world}_jobs_ratio"] = u / p
+        out[f"world{world}_bare_us"] = statistics.median(inproc["bare"]) / 1000
+        for mode in ("compiled", "python", "control"):
+            if ratios[mode]:
+                out[f"world{world}_{mode}_us"] = statistics.median(inproc[mode]) / 1000
+                out[f"world{world}_{mode}_ratio"] = statistics.median(ratios[mode])
+                out[f"world{world}_{mode}_added_us"] = statistics.median(
+                    (x - y) / 1000 for x, y in zip(inproc[mode], inproc["bare"]))
     return out
 
 
@@ -190,28 +272,35 @@ def main() -> int:
     args = ap.parse_args()
     res: dict[str, float] = {"loadavg_before": os.getloadavg()[0]}
     res.update(pure_overhead(args.quick))
-    res.update(loops(args.quick))
+    res.update(loops(args.quick, res["all_reduce_added_ns"]))
     res["loadavg_after"] = os.getloadavg()[0]
     if args.json:
         print(json.dumps(res))
         return 0
     print(f"machine: {os.cpu_count()} CPUs, load average {res['loadavg_before']:.1f} before, "
           f"{res['loadavg_after']:.1f} after (other load inflates every figure)")
-    print("added cost per traced call (thread CPU time, median; bare -> traced = added):")
+    print(f"compiled fast path: {'built' if res['fastpath'] else 'NOT built: compiled figures are the Python ones'}")
+    print("added cost per traced call (thread CPU time, median; bare -> compiled = added | pure-Python wrapper):")
     for key in ("all_reduce", "pg_method", "sync"):
         print(f"  {key:11s} {res[f'{key}_bare_ns']:7.0f} ns -> {res[f'{key}_traced_ns']:7.0f} ns = "
-              f"{res[f'{key}_added_ns']:7.0f} ns added")
-    print(f"  (of which a backend counter read, made twice per collective: {res['backend_counter_read_ns']:.0f} ns)")
+              f"{res[f'{key}_added_ns']:7.0f} ns added  | Python: {res[f'{key}_python_added_ns']:7.0f} ns added")
+    print(f"  (a backend counter read, made twice per collective: {res['backend_counter_read_ns']:.0f} ns; "
+          f"share of calls on the compiled path: {res['fast_share']:.0%})")
     if "nvtx_under_tool_seq_text_ns" in res:
         print(f"  NVTX: tool attached here: {res['nvtx_enabled']}; without one, no cost. Under a tool: push+pop "
               f"{res['nvtx_under_tool_seq_text_ns']:.0f} ns (text with seq), "
               f"{res['nvtx_under_tool_constant_text_ns']:.0f} ns (constant text)")
-    print("1-element dist.all_reduce loop, gloo (wall time per call, median of batch means):")
+    print("1-element all_reduce loop, gloo, ranks pinned, wall time per call (median; ratios paired per round in one "
+          f"process; control = bare + {res['all_reduce_added_ns']:.0f} ns of plain busy loop):")
     for world in (1, 2):
-        print(f"  world {world}: untraced {res[f'world{world}_untraced_us']:7.2f} us, traced "
-              f"{res[f'world{world}_traced_us']:7.2f} us, added {res[f'world{world}_added_us']:6.2f} us, "
-              f"ratio {res[f'world{world}_ratio']:.3f}  | same traced process with recording off "
-              f"{res[f'world{world}_recording_off_us']:7.2f} us, ratio {res[f'world{world}_ratio_in_process']:.3f}")
+        line = f"  world {world}: bare {res[f'world{world}_bare_us']:7.2f} us"
+        for mode in ("compiled", "control", "python"):
+            if f"world{world}_{mode}_ratio" in res:
+                line += (f" | {mode} {res[f'world{world}_{mode}_us']:7.2f} us, +{res[f'world{world}_{mode}_added_us']:.2f}"
+                         f" us, ratio {res[f'world{world}_{mode}_ratio']:.3f}")
+        print(line)
+        print(f"           separate jobs, dist.all_reduce: untraced {res[f'world{world}_untraced_us']:7.2f} us, traced "
+              f"{res[f'world{world}_traced_us']:7.2f} us, ratio {res[f'world{world}_jobs_ratio']:.3f} (noisy)")
     return 0
 
 

@@ -26,6 +26,12 @@ STRINGS = ("name", "group", "callsite", "dtype", "shape", "error")
 VOLATILE_META = ("t_ns", "pid", "ppid", "tid", "argv", "id", "fastpath")
 
 
+@pytest.fixture(autouse=True)
+def _compiled_path_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the compiled path: a RANKTRACE_FASTPATH=0 run of the suite must not turn it off here."""
+    monkeypatch.delenv("RANKTRACE_FASTPATH", raising=False)
+
+
 def ring_rows(path: Path) -> tuple[list[tuple], list[dict]]:
     """Every op record (string fields decoded) and every non-string meta record, minus what differs per run."""
     rc = read_ring(str(path))
