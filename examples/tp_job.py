@@ -29,6 +29,7 @@ import argparse
 import datetime
 import os
 import queue
+import subprocess
 import sys
 import time
 
@@ -53,10 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 HELPER = "import time, torch.distributed\nwhile True:\n    time.sleep(1)  # a helper waiting for work\n"
 
 
-def start_helper(rank: int, world: int) -> "subprocess.Popen[bytes]":
+def start_helper(rank: int, world: int) -> subprocess.Popen[bytes]:
     """A child process that shares the rank's RANK / WORLD_SIZE but never joins a process group."""
-    import subprocess
-
     env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world))
     return subprocess.Popen([sys.executable, "-c", HELPER], env=env, stdin=subprocess.DEVNULL)
 
