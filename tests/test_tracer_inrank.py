@@ -1,6 +1,7 @@
 """In-rank behaviour that must not change the job: fork, os._exit call forms (real processes, 1-rank gloo)."""
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -26,3 +27,33 @@ def test_forked_child_records_its_own_ops_and_os_exit_keyword_form_passes(tmp_pa
         marks = [r["detail"] for r in ev.to_pylist() if r["name"] == "process_exit"]
         assert marks, ring  # both processes left an exit record
     assert all(ops == ["all_reduce", "broadcast"] for ops in names.values()), names
+
+
+def test_agent_answers_from_a_long_trace_dir_and_never_dumps_fr_during_a_capture(tmp_path: Path):
+    """The in-rank agent (tracer/agent.py) in a real process: its socket lives under a trace dir far longer than a
+    UNIX socket address allows, it is started once per process, it lists the other threads' stacks in py-spy's
+    layout while the main thread sleeps in C, and it never asks the Flight Recorder while a capture is open."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    script = (
+        "import json, sys, threading, time\n"
+        "from tracer import agent\n"
+        "def waiting_in_c():\n"
+        "    time.sleep(30)\n"
+        f"assert agent.start({str(deep)!r}, lambda: 5, lambda: True, print)\n"
+        f"assert not agent.start({str(deep)!r}, lambda: 5, lambda: True, print)\n"
+        "threading.Thread(target=waiting_in_c, name='worker', daemon=True).start()\n"
+        "time.sleep(0.2)\n"
+        f"ans = agent.ask(agent.socket_path({str(deep)!r}, __import__('os').getpid()))\n"
+        "print(json.dumps(ans))\n"
+    )
+    res = subprocess.run([PY, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO,
+                         env=trace_env())
+    assert res.returncode == 0, res.stderr[-2000:]
+    ans = json.loads(res.stdout.strip().splitlines()[-1])
+    assert len(str(deep / "agents")) > 108
+    assert ans["rank"] == 5 and ans["fr"] is None and "capture is open" in ans["fr_note"]
+    names = {t["thread_name"]: t for t in ans["threads"]}
+    assert set(names) == {"MainThread", "worker"}  # the agent leaves itself out
+    assert [f["name"] for f in names["worker"]["frames"]][:1] == ["waiting_in_c"]
+    assert names["worker"]["active"] is False and names["MainThread"]["frames"][0]["name"] == "ask"

@@ -46,6 +46,27 @@ def test_skip_is_caught_live_killed_and_explained(tmp_path: Path):
     assert "next_batch" in " ".join(v["ranks"]["3"]["stack"]) and "(<string>:3)" not in v["stack_tree"]  # helper loop
 
 
+def test_without_py_spy_the_in_rank_agents_give_stacks_and_flight_recorder(tmp_path: Path):
+    """Where ptrace is denied (RANKTRACE_PYSPY=0 stands in for it: py-spy is never run), each rank answers the
+    burst itself: its Python stacks and its Flight Recorder."""
+    run = tmp_path / "r"
+    res = run_trace(["run", "-o", str(run), "--hang-after", "4", "--on-hang", "kill"]
+                    + job("skip", "--hang-seconds", "300"), env=trace_env(RANKTRACE_PYSPY="0"))
+    assert res.returncode == 3, res.stderr[-2000:]
+    assert "py-spy not found or turned off" in res.stderr
+    burst = next(run.glob("*/dumps/*/"))
+    assert not list(burst.glob("pyspy-*.json"))
+    assert len(list(burst.glob("agent-*.json"))) >= 4 and len(list(burst.glob("fr-rank*-pid*.json"))) == 4
+    v = json.loads((run / "verdict.json").read_text())
+    assert (v["kind"], v["culprit_ranks"], v["waiting_ranks"]) == ("missing_ranks", [3], [0, 1, 2])
+    assert {r: s["state"] for r, s in v["ranks"].items()} == {
+        "0": "in_collective", "1": "in_collective", "2": "in_collective", "3": "blocked_other"}
+    culprit = [e for f in v["findings"] for e in f["evidence"] if e["source"] == "agent" and e["rank"] == 3]
+    assert culprit and "next_batch" in culprit[0]["detail"]
+    assert len([i for i in v["inputs"] if "/fr-rank" in i]) == 4  # every rank's Flight Recorder was read
+    assert not [f for f in v["findings"] if f["kind"] == "input_skipped"]
+
+
 def test_rank_that_never_joins_is_an_init_hang(tmp_path: Path):
     run = tmp_path / "r"
     res = run_trace(["run", "-o", str(run), "--hang-after", "4", "--startup-hang-after", "6", "--on-hang", "kill"]

@@ -1,7 +1,9 @@
 """A capture burst: everything worth having about a hung job, taken in a few seconds into ``dumps/<timestamp>/``.
 
-Non-blocking py-spy dumps (a blocking dump pauses the rank, and its TP peers stall with it — DESIGN §2), and each
-process's threads from /proc (state, wchan, CPU time), run concurrently so eight ranks cost about as much as one.
+Non-blocking py-spy dumps (a blocking dump pauses the rank, and its TP peers stall with it — DESIGN §2), each
+process's threads from /proc (state, wchan, CPU time), and each traced process's own answer through its in-rank
+agent (tracer.agent: Python stacks without ptrace, ``agent-<pid>.json``, and its Flight Recorder,
+``fr-rank<R>-pid<P>.json``), run concurrently so eight ranks cost about as much as one.
 Every capability that is missing (py-spy not installed, ptrace denied, a process gone between discovery and
 sampling) becomes one line in ``problems`` and the burst goes on with what it can get.
 
@@ -37,8 +39,14 @@ class BurstResult:
     ras: "RasPoll | None" = None
 
 
+PYSPY_ENV = "RANKTRACE_PYSPY"  # a py-spy binary to use, or 0 for none (stacks then come from the in-rank agents)
+
+
 def find_pyspy() -> str | None:
-    """py-spy on PATH, or installed beside this Python (a venv's bin/ that is not on PATH)."""
+    """$RANKTRACE_PYSPY, else py-spy on PATH, or installed beside this Python (a venv's bin/ not on PATH)."""
+    chosen = os.environ.get(PYSPY_ENV)
+    if chosen is not None:
+        return None if chosen.strip().lower() in ("", "0", "off", "no", "none") else shutil.which(chosen)
     here = Path(sys.executable).parent / "py-spy"
     return shutil.which("py-spy") or (str(here) if here.exists() else None)
 
@@ -81,6 +89,31 @@ def _dump_one(pyspy: str, pid: int, directory: Path, native: bool, timeout: floa
     return path, None, d
 
 
+def _ask_agent(host_dir: Path, pid: int, directory: Path, timeout: float) -> tuple[list[Path], str | None]:
+    """The rank's own answer (tracer.agent): its Python stacks without ptrace, and its Flight Recorder."""
+    from tracer import agent
+
+    sock = agent.socket_path(host_dir, pid)
+    if not sock.exists():
+        return [], None
+    try:
+        ans = agent.ask(sock, timeout)
+    except (OSError, ValueError) as e:
+        return [], f"pid {pid}: in-rank agent did not answer ({type(e).__name__}: {e})"
+    files: list[Path] = []
+    if ans.get("threads"):
+        path = directory / f"agent-{pid}.json"  # py-spy's JSON layout: the py-spy reader reads it (source agent)
+        path.write_text(json.dumps(ans["threads"]))
+        files.append(path)
+    if ans.get("fr"):
+        rank = ans.get("rank")
+        path = directory / (f"fr-rank{rank}-pid{pid}.json" if isinstance(rank, int) else f"fr-pid{pid}.json")
+        path.write_text(ans["fr"])
+        files.append(path)
+    note = ans.get("fr_note") if "capture" in str(ans.get("fr_note")) else ans.get("error")
+    return files, (f"pid {pid}: {note}" if note else None)
+
+
 def capture_burst(host_dir: Path, pids: list[int], *, native: bool = False, timeout: float = 5.0,
                   reason: str = "", dumps: "dict[int, StackDump] | None" = None,
                   ras_addr: str | None = None) -> BurstResult:
@@ -117,10 +150,12 @@ def capture_burst(host_dir: Path, pids: list[int], *, native: bool = False, time
         path = directory / f"pyspy-{p}.json"
         path.write_text(d.text or "")
         result.files.append(path)
+    agents = ThreadPoolExecutor(max_workers=min(8, max(1, len(live))), thread_name_prefix="ranktrace-agent-ask")
+    asked = [agents.submit(_ask_agent, host_dir, p, directory, timeout) for p in live]
     todo = [p for p in live if p not in given]
     pyspy = find_pyspy() if todo else None
     if todo and pyspy is None:
-        result.problems.append("py-spy not found: no Python stacks in this burst (pip install py-spy)")
+        result.problems.append("py-spy not found or turned off: Python stacks only from the in-rank agents")
     elif todo:
         with ThreadPoolExecutor(max_workers=min(8, len(todo))) as pool:
             for path, problem, d in pool.map(lambda p: _dump_one(pyspy, p, directory, native, timeout), todo):
@@ -129,6 +164,15 @@ def capture_burst(host_dir: Path, pids: list[int], *, native: bool = False, time
                     result.files.append(path)
                 if problem:
                     result.problems.append(problem)
+    for fut in asked:
+        try:
+            files, problem = fut.result(timeout=timeout + 1.0)
+        except Exception as e:  # an agent that never answers costs at most the timeout
+            files, problem = [], f"in-rank agent: {type(e).__name__}: {e}"
+        result.files.extend(files)
+        if problem:
+            result.problems.append(problem)
+    agents.shutdown(wait=False)
     if ras_thread is not None:
         ras_thread.join(timeout=5.0)
         if result.ras is not None:

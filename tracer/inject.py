@@ -125,6 +125,11 @@ def install() -> None:
         state._rec = rec
         state.identity("env")
         rec.meta({"type": "versions", **_versions()})
+        if os.environ.get("RANKTRACE_AGENT", "1") != "0":  # a process that records gets a responder (tracer.agent)
+            from . import agent
+
+            agent.start(trace_dir, lambda: state.rank, lambda: state.capturing is not None,
+                        lambda detail: state.note("agent", detail))
 
     state.rec_created = rec_created  # type: ignore[attr-defined]
 

@@ -353,6 +353,8 @@ def _read_json(path: Path, text: str, file_rank: int | None) -> tuple[list[dict[
         skipped.append(Skipped(f, None, f"truncated JSON: kept {len(items)} complete thread(s)"))
     rows: list[dict[str, Any]] = []
     pids = {t.get("pid") for t in items}
+    # ranktrace's in-rank agent (tracer.agent) writes the same layout into agent-<pid>.json
+    source = "agent" if path.name.startswith("agent-") else "pyspy"
     for i, t in enumerate(items):
         frames = [s for s in (_json_frame(fr) for fr in t.get("frames") or []) if s is not None]
         native = any(isinstance(fr, dict) and (fr.get("module") or fr.get("line") == 0) for fr in t.get("frames") or [])
@@ -368,7 +370,7 @@ def _read_json(path: Path, text: str, file_rank: int | None) -> tuple[list[dict[
         tid = t.get("os_thread_id") if isinstance(t.get("os_thread_id"), int) else None
         rows.append({
             "pid": pid, "tid": tid, "rank": rank, "thread_name": t.get("thread_name"), "thread_state": state,
-            "frames": frames, "native": native, "snapshot": f"{path.name}[pid {pid}]", "source": "pyspy",
+            "frames": frames, "native": native, "snapshot": f"{path.name}[pid {pid}]", "source": source,
             "file": f, "line": i,
         })
     return rows, skipped

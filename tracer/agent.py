@@ -1,0 +1,210 @@
+"""In-rank responder (DESIGN §1 tracer/agent): all Python stacks and the Flight Recorder, without ptrace.
+
+Why: py-spy needs ptrace rights on the rank. Where they are denied (Yama ``ptrace_scope`` >= 1 with py-spy not an
+ancestor of the rank, containers without CAP_SYS_PTRACE) a burst had no stacks at all. And only the rank itself can
+ask torch for its Flight Recorder, whose entries say which NCCL collectives *completed* — what our own EXIT records
+cannot (DESIGN §2).
+
+How: one daemon thread per traced process (named ``ranktrace-agent``, a known poller for the analyzers) blocks in
+``accept()`` on a UNIX socket ``<host dir>/agents/<pid>.sock`` — the GIL is released there, so it costs nothing until
+asked. A burst (tracer.burst) connects, sends ``dump``, and gets one JSON object back: every other thread's stack
+in py-spy's JSON layout (so the py-spy reader reads it), and the Flight Recorder as JSON. Answering needs the GIL
+for a few milliseconds: a main thread blocked inside a collective, ``Work.wait`` or a host sync has released it.
+
+Rules it keeps: never started twice in a process (a forked child starts its own: threads do not survive fork);
+never makes a CUDA call while a graph capture is open (the Flight Recorder dump reads CUDA events when timing is
+on: it is skipped then, and the answer says why); every failure stays inside the agent; the socket is removed at
+exit. Socket paths are bound and reached through ``/proc/self/fd/<dir fd>/`` so a long trace-dir path never
+exceeds the 108-byte limit of a UNIX socket address.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+__all__ = ["AGENTS_DIR", "THREAD_NAME", "start", "socket_path", "ask", "stacks_as_pyspy"]
+
+AGENTS_DIR = "agents"
+THREAD_NAME = "ranktrace-agent"
+REQUEST = b"dump\n"
+MAX_REQUEST = 64
+
+_started_in: int | None = None  # pid of the process whose agent is running (a fork child has another pid)
+
+
+def socket_path(host_dir: Path | str, pid: int) -> Path:
+    return Path(host_dir) / AGENTS_DIR / f"{pid}.sock"
+
+
+def _via_dir_fd(path: Path, use: Callable[[str], Any]) -> Any:
+    """Call use(short address) with `path` reached through an open fd of its directory (no 108-byte limit)."""
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return use(f"/proc/self/fd/{fd}/{path.name}")
+    finally:
+        os.close(fd)
+
+
+def start(host_dir: Path | str, rank_of: Callable[[], int | None], capture_open: Callable[[], bool],
+          note: Callable[[str], None]) -> bool:
+    """Start this process's agent (once per process). `rank_of` and `capture_open` are read at each request."""
+    global _started_in
+    pid = os.getpid()
+    if _started_in == pid:
+        return False
+    _started_in = pid
+    try:
+        path = socket_path(host_dir, pid)
+        path.parent.mkdir(exist_ok=True)
+        try:
+            path.unlink()  # a socket left by an earlier process with this pid
+        except FileNotFoundError:
+            pass
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        _via_dir_fd(path, srv.bind)
+        os.chmod(path, 0o600)
+        srv.listen(4)
+    except Exception as e:  # no agent, the job goes on; the ring says why
+        note(f"agent not started: {type(e).__name__}: {e}")
+        return False
+    t = threading.Thread(target=_serve, args=(srv, rank_of, capture_open), name=THREAD_NAME, daemon=True)
+    t.start()
+    import atexit
+
+    atexit.register(_remove, path, pid)
+    return True
+
+
+def _remove(path: Path, pid: int) -> None:
+    if os.getpid() == pid:
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
+def _serve(srv: socket.socket, rank_of: Callable[[], int | None], capture_open: Callable[[], bool]) -> None:
+    while True:
+        try:
+            conn, _ = srv.accept()
+        except OSError:
+            return
+        try:
+            with conn:
+                conn.settimeout(2.0)
+                req = conn.recv(MAX_REQUEST)
+                if req.strip() != REQUEST.strip():
+                    continue
+                try:
+                    body = json.dumps(_answer(rank_of, capture_open), default=str)
+                except Exception as e:  # still answer: the burst says what went wrong
+                    body = json.dumps({"pid": os.getpid(), "threads": [], "error": f"{type(e).__name__}: {e}"})
+                conn.sendall(body.encode())
+        except Exception:  # a client gone mid-answer: wait for the next one
+            continue
+
+
+def _answer(rank_of: Callable[[], int | None], capture_open: Callable[[], bool]) -> dict[str, Any]:
+    out: dict[str, Any] = {"pid": os.getpid(), "rank": None, "wall_ns": time.time_ns(), "threads": [],
+                           "fr": None, "fr_note": None}
+    try:
+        out["rank"] = rank_of()
+    except Exception:
+        pass
+    try:
+        out["threads"] = stacks_as_pyspy()
+    except Exception as e:
+        out["stacks_note"] = f"{type(e).__name__}: {e}"
+    if capture_open():
+        out["fr_note"] = "a CUDA graph capture is open: Flight Recorder not dumped (it may read CUDA events)"
+    else:
+        ext = sys.modules.get("torch._C._distributed_c10d")
+        dump = getattr(ext, "_dump_fr_trace_json", None)
+        if dump is None:
+            out["fr_note"] = "this torch has no _dump_fr_trace_json"
+        else:
+            try:
+                fr = dump()
+                out["fr"] = fr.decode("utf-8", "replace") if isinstance(fr, bytes) else fr
+            except Exception as e:
+                out["fr_note"] = f"_dump_fr_trace_json failed: {type(e).__name__}: {e}"
+    return out
+
+
+def _short(filename: str, roots: list[str]) -> str:
+    for root in roots:
+        if root and filename.startswith(root + os.sep):
+            return filename[len(root) + 1:]
+    return os.path.basename(filename)
+
+
+def _thread_states() -> dict[int, str]:
+    """native thread id -> /proc state letter (R running, S sleeping, D disk wait, ...)."""
+    out: dict[int, str] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+                stat = f.read()
+            out[int(tid)] = stat[stat.rindex(b")") + 2:].split()[0].decode()
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def stacks_as_pyspy() -> list[dict[str, Any]]:
+    """Every Python thread but this one, innermost frame first, in py-spy's ``dump --json`` layout."""
+    me = threading.get_ident()
+    frames = sys._current_frames()
+    threads = {t.ident: t for t in threading.enumerate()}
+    states = _thread_states()
+    roots = sorted({p for p in sys.path if p}, key=len, reverse=True)
+    pid = os.getpid()
+    out = []
+    for ident, frame in frames.items():
+        if ident == me:
+            continue
+        t = threads.get(ident)
+        native = getattr(t, "native_id", None)
+        stack = []
+        f = frame
+        while f is not None:
+            co = f.f_code
+            stack.append({"name": getattr(co, "co_qualname", co.co_name), "filename": co.co_filename,
+                          "module": None, "short_filename": _short(co.co_filename, roots), "line": f.f_lineno or 0,
+                          "locals": None})
+            f = f.f_back
+        del f
+        out.append({"pid": pid, "thread_id": ident, "thread_name": t.name if t is not None else None,
+                    "os_thread_id": native, "active": states.get(native or -1) == "R", "owns_gil": False,
+                    "frames": stack})
+    del frames
+    main = threading.main_thread().ident
+    out.sort(key=lambda t: t["thread_id"] != main)  # the main thread first, as py-spy lists it
+    return out
+
+
+def ask(path: Path | str, timeout: float = 5.0) -> dict[str, Any]:
+    """One agent's answer (the burst side). Raises OSError / ValueError when there is none in time."""
+    deadline = time.monotonic() + timeout
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        _via_dir_fd(Path(path), s.connect)
+        s.sendall(REQUEST)
+        chunks = []
+        while True:
+            s.settimeout(max(0.05, deadline - time.monotonic()))
+            b = s.recv(1 << 20)
+            if not b:
+                break
+            chunks.append(b)
+    return json.loads(b"".join(chunks))
