@@ -47,8 +47,9 @@ class RankStack:
     line: int | None
 
 
-_LIBRARY = re.compile(r"site-packages|dist-packages|/lib/python\d|/torch/|<frozen|^<|\(threading\.py|\(queue\.py|"
-                      r"\(selectors\.py|\(socket\.py|ranktrace|tracer/hooks\.py")
+_LIBRARY = re.compile(r"site-packages|dist-packages|/lib/python\d|[(/]torch/|<frozen|^<|\(threading\.py|\(queue\.py|"
+                      r"\(selectors\.py|\(socket\.py|\((multiprocessing|concurrent|asyncio)/|ranktrace|"
+                      r"[(/]tracer/(hooks|agent)\.py")
 
 
 def application_frame(frames: tuple[str, ...]) -> str | None:

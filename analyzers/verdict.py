@@ -67,6 +67,7 @@ class RankState:
     stack: tuple[str, ...] = ()
     last_op: str | None = None
     pids: tuple[int, ...] = ()
+    where: str | None = None  # innermost frame of the program itself (not stdlib, torch or ranktrace)
 
 
 @dataclass(frozen=True)

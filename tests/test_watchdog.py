@@ -44,6 +44,9 @@ def test_skip_is_caught_live_killed_and_explained(tmp_path: Path):
     assert states == {"0": ("in_collective", 2), "1": ("in_collective", 2), "2": ("in_collective", 2),
                       "3": ("blocked_other", 2)}
     assert "next_batch" in " ".join(v["ranks"]["3"]["stack"]) and "(<string>:3)" not in v["stack_tree"]  # helper loop
+    # "where" is the program's own innermost frame, past threading/queue and ranktrace's own wrapper
+    assert v["ranks"]["3"]["where"].startswith("next_batch (tp_job.py:")
+    assert all(v["ranks"][r]["where"].startswith("train_step (tp_job.py:") for r in "012")
 
 
 def test_without_py_spy_the_in_rank_agents_give_stacks_and_flight_recorder(tmp_path: Path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Callable
 
+from analyzers import hoststate
 from analyzers import stacks as stacks_mod
 from analyzers.diagnose.blocked_rule import blocked_outside
 from analyzers.diagnose.candidate import Candidate, op_evidence, ranks_text
@@ -146,9 +147,16 @@ def _rank_table(ctx: Context) -> dict[int, RankState]:
             state=state, phase=ctx.phases.get(r),
             innermost_open=(f"{o.name}" + (f" group={o.group} seq={o.seq}" if o.seq is not None else "")) if o else None,
             stack=tuple(stacks_mod.normalise_frame(f) for f in (st.frames[:12] if st else ())),
-            last_op=last_ops.get(r), pids=ctx.rank_pids.get(r, ()),
+            last_op=last_ops.get(r), pids=ctx.rank_pids.get(r, ()), where=_where(st),
         )
     return out
+
+
+def _where(st: "hoststate.RankStack | None") -> str | None:
+    if st is None or not st.frames:
+        return None
+    app = hoststate.application_frame(st.frames)
+    return stacks_mod.normalise_frame(app) if app else None
 
 
 def _stack_tree(ctx: Context) -> str:

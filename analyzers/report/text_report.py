@@ -52,7 +52,7 @@ def render(verdict: Verdict, width: int = 120) -> str:
         culprits = set(verdict.culprit_ranks)
         for r, s in sorted(verdict.ranks.items()):
             t.add_row(f"{r}{' *' if r in culprits else ''}", s.state, s.innermost_open or "", s.last_op or "",
-                      s.stack[0] if s.stack else "")
+                      s.where or (s.stack[0] if s.stack else ""))
         con.print(t)
     if verdict.stack_tree:
         con.print(Text("merged stacks (outermost first):", style="bold"))
