@@ -218,3 +218,52 @@ def test_rings_readable_while_hung_then_ctrl_c_leaves_no_orphans(tmp_path: Path)
             except ProcessLookupError:
                 pass
         proc.wait(timeout=10)
+
+
+def test_a_job_reading_the_terminal_gets_it_instead_of_stopping(tmp_path: Path):
+    """`trace run` typed at a terminal puts the job in its own process group; a rank that then reads the terminal
+    (input(), breakpoint(), pdb) would be stopped by SIGTTIN forever. The launcher hands it the terminal, as a shell
+    does for a foreground job, and takes it back at the end."""
+    import pty
+    import select
+
+    job = ("import sys; print('prompt>', flush=True); line = sys.stdin.readline(); "
+           "print('got', line.strip(), flush=True)")
+    argv = TRACE + ["run", "--no-analyze", "-o", str(tmp_path / "r"), "--", PY, "-c", job]
+    env = trace_env()
+    pid, master = pty.fork()
+    if pid == 0:  # the child: a session leader whose controlling terminal is the pty, as at a shell prompt
+        os.chdir(str(Path(__file__).resolve().parents[1]))
+        os.execve(argv[0], argv, env)
+    out = b""
+    sent = False
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline and b"got hello" not in out:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                try:
+                    chunk = os.read(master, 4096)
+                except OSError:  # EIO: every process on the pty is gone
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            if not sent and b"prompt>" in out:
+                os.write(master, b"hello\n")
+                sent = True
+        status = None
+        while status is None and time.monotonic() < deadline + 5:
+            got, st = os.waitpid(pid, os.WNOHANG)
+            status = st if got == pid else None
+            time.sleep(0.05)
+        assert status is not None, "trace run never returned: " + out.decode(errors="replace")[-2000:]
+    finally:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+        os.close(master)
+    text = out.decode(errors="replace")
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, text[-2000:]
+    assert "got hello" in text and "the job reads the terminal" in text

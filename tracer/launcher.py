@@ -287,12 +287,41 @@ def launch(
     gpu_thread = threading.Thread(target=lambda: gpu_box.setdefault("info", hostinfo.probe_gpus()), daemon=True)
     if not gpu_child:
         gpu_thread.start()
+    tty = _foreground_tty()
+    handed: list[int] = []
+
+    def on_stop(sig: int) -> None:
+        """The job is in its own process group, so a rank reading the terminal (breakpoint(), input(), pdb) gets
+        SIGTTIN — which a job started from the shell never would. Do what a shell does for a foreground job: hand
+        it the terminal and continue it. From then on Ctrl-C reaches the job directly, and silence is a person
+        at a prompt, not a hang."""
+        if sig not in (signal.SIGTTIN, signal.SIGTTOU) or tty is None or handed:
+            return  # stopped by someone else (SIGSTOP), or no terminal of ours: as it would be without ranktrace
+        try:
+            _give_terminal(tty, pgid)
+        except OSError as e:
+            log(f"the job stopped to read the terminal, which could not be handed to it: {e}")
+            return
+        handed.append(sig)
+        signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # our own lines, now from the background, even under `tostop`
+        status.enabled = False
+        log("the job reads the terminal: it has it now (Ctrl-C goes to the job directly; hang detection paused)")
+        if mon is not None:
+            mon.interactive = "the job has the terminal"
+        send(signal.SIGCONT)
+
     hang_detected = False
     try:
-        returncode = _wait(proc.pid, on_tick, tick_s)
+        returncode = _wait(proc.pid, on_tick, tick_s, on_stop)
         proc.returncode = returncode
         _reap_leftovers(pgid)
     finally:
+        if handed and tty is not None:
+            try:
+                _give_terminal(tty, os.getpgrp())  # ours again, for the report and the shell after us
+            except OSError:
+                pass
+            signal.signal(signal.SIGTTOU, signal.SIG_DFL)
         for s, h in previous.items():
             signal.signal(s, h)
         if started is not None:
@@ -339,8 +368,10 @@ def _gpu_info_from(mon: Monitor, log: Callable[[str], None]) -> hostinfo.GpuInfo
     return hostinfo.GpuInfo(unavailable=mon.gpu.off or "NVML did not answer")
 
 
-def _wait(pid: int, on_tick: Callable[[], None], tick_s: float) -> int:
-    """Reap every child (we are a subreaper) until `pid` exits; call on_tick between polls."""
+def _wait(pid: int, on_tick: Callable[[], None], tick_s: float,
+          on_stop: Callable[[int], None] = lambda sig: None) -> int:
+    """Reap every child (we are a subreaper) until `pid` exits; call on_tick between polls, and on_stop(signal)
+    when `pid` was stopped (waitid with WSTOPPED only: it never consumes an exit)."""
     while True:
         try:
             got, status = os.waitpid(-1, os.WNOHANG)
@@ -349,8 +380,32 @@ def _wait(pid: int, on_tick: Callable[[], None], tick_s: float) -> int:
         if got == pid:
             return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
         if got == 0:
+            try:
+                stop = os.waitid(os.P_PID, pid, os.WSTOPPED | os.WNOHANG)
+            except ChildProcessError:
+                stop = None
+            if stop is not None and stop.si_code == os.CLD_STOPPED:
+                on_stop(stop.si_status)
             on_tick()
             time.sleep(tick_s)
+
+
+def _foreground_tty() -> int | None:
+    """fd 0 when it is a terminal whose foreground process group is ours (`trace run` typed at a shell prompt)."""
+    try:
+        return 0 if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp() else None
+    except OSError:
+        return None
+
+
+def _give_terminal(fd: int, pgid: int) -> None:
+    """Make `pgid` the terminal's foreground group. SIGTTOU is ignored meanwhile: a background caller (our own
+    group, once the job has the terminal) would otherwise be stopped by tcsetpgrp itself."""
+    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        os.tcsetpgrp(fd, pgid)
+    finally:
+        signal.signal(signal.SIGTTOU, old)
 
 
 def _reap_leftovers(pgid: int, grace_s: float = 5.0) -> None:

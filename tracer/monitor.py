@@ -344,6 +344,9 @@ class Monitor:
         return statusline.format_status(alive, len(ranked), world, groups, self.silent_for(), phase, width)
 
     # --- the loop ----------------------------------------------------------------------------------------
+    #: why hang detection is paused (the job took the terminal: a debugger prompt waits for a person), or None
+    interactive: str | None = None
+
     def silent_for(self) -> float:
         return self.clock() - self.state.last_progress
 
@@ -375,7 +378,7 @@ class Monitor:
             st.last_progress = now
             st.hang_reported_at = None
             return
-        if quiet >= self.threshold() and st.hang_reported_at is None:
+        if quiet >= self.threshold() and st.hang_reported_at is None and self.interactive is None:
             st.hang_reported_at = now
             self.on_silence(quiet, dumps=dumps)
 
