@@ -204,7 +204,9 @@ def test_cuda_graph_and_sync_wrappers_driven_through_torch_classes(tmp_path: Pat
                     ("enter", 3, True), ("exit", 3, True), ("enter", 4, True), ("error", 4, True)]
     ar = [r for r in rows if r["name"] == "all_reduce" and r["kind"] == "enter"]
     assert [(r["seq"], bool(r["capturing"]), r["graph_id"]) for r in ar] == [
-        (1, False, None), (None, True, 1), (None, True, 2), (2, False, None), (None, True, 3)]
+        (1, False, None), (None, True, 1), (None, True, 2), (2, False, None), (3, False, None), (None, True, 3)]
+    # the second seq-2 op came from another thread while graph 2 was being captured: it really ran
+    assert ar[3]["tid"] != ar[2]["tid"] and ar[4]["tid"] == ar[2]["tid"]
     cap_span = {r["graph_id"]: r["span_id"] for r in rows if r["name"] == "cuda_graph_capture" and r["kind"] == "enter"}
     assert all(r["parent_span_id"] == cap_span[r["graph_id"]] for r in ar if r["capturing"])
     replays = [(r["graph_id"], r["seq"], r["category"]) for r in rows if r["name"] == "replay" and r["kind"] == "enter"]

@@ -170,7 +170,9 @@ class TraceState:
         self.c10d_world: Any = None  # torch's _World, when its default_pg storage can be read directly
         self.non_member: Any = object()
         self._failed = False
-        self.capturing: int | None = None  # graph id while a CUDA graph capture is open (tracer.graphs)
+        # graph id while a CUDA graph capture is open (tracer.graphs): process-wide, for the no-CUDA-call rule
+        self.capturing: int | None = None
+        self.capture_tid = 0  # the thread that opened it: only its ops are captured (capturing_for)
         self.capture_span = 0
         self.open_captures: dict[tuple[str, int], tuple[int, int, int, Any]] = {}
         self.graph_ids: dict[int, tuple[Any, int]] = {}
@@ -215,6 +217,12 @@ class TraceState:
         if ts is None:
             ts = self.tls.ts = _Thread()
         return ts
+
+    def capturing_for(self, tid: int) -> int | None:
+        """The graph an op issued now by thread `tid` is captured into: the open capture's, when `tid` opened it.
+        Another thread's op meanwhile (a background comm thread) runs for real: it keeps its seq."""
+        gid = self.capturing
+        return gid if gid is not None and tid == self.capture_tid else None
 
     def new_thread(self) -> _Thread:
         ts = self.tls.ts = _Thread()
@@ -576,6 +584,8 @@ def _op_span(st: TraceState, name: str, category: str, orig: Callable[..., Any],
                     cs = 0
                     break
             capturing = st.capturing
+            if capturing is not None and tid != st.capture_tid:
+                capturing = None  # another thread's op while a capture is open: not captured
             if pg is None:  # not initialised: the call will raise; record it without a group
                 g = reader = None
                 gid, gname = 0, ""
@@ -586,8 +596,9 @@ def _op_span(st: TraceState, name: str, category: str, orig: Callable[..., Any],
                 gid, gname, reader = g[1], g[2], g[4]
                 if capturing is not None:
                     reader = None  # captured ops move the counter without running; no reads inside a capture
-                elif reader is not None and check:
-                    # the backend counter moved since our last op on this group ended: ops we never saw
+                elif reader is not None and check and st.capturing is None:
+                    # the backend counter moved since our last op on this group ended: ops we never saw (not while
+                    # another thread captures: its captured ops move the counter; the capture's end rebaselines)
                     try:
                         before = reader(pg)
                     except Exception:
@@ -875,7 +886,8 @@ def _make_coalescing_wrapper(st: TraceState, orig_gen: Callable[..., Iterator[An
             g = st.group(pg) if pg is not None else None
             gid = g[1] if g is not None else 0
             cs = st.callsite(sys._getframe(1))
-            if g is not None and st.capturing is None:
+            capturing = st.capturing_for(tid)
+            if g is not None and capturing is None:
                 st.check_gap(g, pg, cs, tid)
             name_id = nid[0] or st.name_id("coalesced")
             nid[0] = name_id
@@ -884,9 +896,9 @@ def _make_coalescing_wrapper(st: TraceState, orig_gen: Callable[..., Iterator[An
             aop = bool(args[ai] if ai < len(args) else kwargs.get("async_ops", False))
             flags = _F_ASYNC if aop else 0
             graph = N32
-            if st.capturing is not None:
+            if capturing is not None:
                 flags |= _F_CAPTURING
-                graph = st.capturing
+                graph = capturing
             st.put(_ENTER, _C_COLL, flags, name_id, gid, cs, 0, 0, 0, N32, graph, N64, N64, N64, span, parent, tid)
             nv = st.nv
             if nv is not None:
@@ -900,7 +912,7 @@ def _make_coalescing_wrapper(st: TraceState, orig_gen: Callable[..., Iterator[An
                 if nv is not None:
                     nv.pop()
                 bseq = N64
-                if err is None and g is not None and st.capturing is None and g[4] is not None:
+                if err is None and g is not None and capturing is None and g[4] is not None:
                     bseq = g[4](pg)
                     st.bseq_last[gid] = bseq
                 elif g is not None:
@@ -1087,6 +1099,7 @@ def _begin_capturing(st: TraceState, gid: int, span: int) -> None:
     call (it never does), and backend counters are not read (captured ops move them without running)."""
     st.capturing = gid
     st.capture_span = span
+    st.capture_tid = st.local.tid
     st.local.span = span
 
 
@@ -1293,7 +1306,7 @@ def make_sync_wrapper(st: TraceState, name: str, orig: Callable[..., Any]) -> Ca
             cs = st.callsite(sys._getframe(1))
             span = st.new_span()
             parent = local.span
-            capturing = st.capturing
+            capturing = st.capturing_for(tid)
             flags, graph = (0, N32) if capturing is None else (_F_CAPTURING, capturing)
             st.put(_ENTER, _C_SYNC, flags, name_id, 0, cs, 0, 0, 0, N32, graph, N64, N64, N64, span, parent, tid)
             nv = st.nv
@@ -1539,7 +1552,7 @@ def _slot_span_call(st: TraceState, name: str, cat: int, grp: tuple[int, str] | 
         span = st.new_span()
         parent = local.span
         gid, seq = 0, N64
-        capturing = st.capturing
+        capturing = st.capturing_for(tid)
         flags, graph = (0, N32) if capturing is None else (_F_CAPTURING, capturing)
         if grp is not None:
             gid = grp[0]

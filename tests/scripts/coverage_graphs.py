@@ -12,6 +12,7 @@ Prints one JSON line with what the stand-ins saw; the ring holds what ranktrace 
 import contextlib
 import json
 import sys
+import threading
 
 import torch
 import torch.distributed as dist
@@ -116,9 +117,12 @@ def main() -> None:
     g2 = new_graph()
     g2.capture_begin()                          # graph 2: direct capture_begin / capture_end
     dist.all_reduce(t)
+    other = threading.Thread(target=dist.all_reduce, args=(torch.ones(2),), name="comm")
+    other.start()                               # another thread's op meanwhile is not captured: seq 2
+    other.join()
     g2.capture_end()
     g2.replay()                                 # replay seq 1 of graph 2
-    dist.all_reduce(t)                          # seq 2, not capturing
+    dist.all_reduce(t)                          # seq 3, not capturing
     torch.cuda.synchronize()
     object.__new__(torch.cuda.Stream).synchronize()
     object.__new__(torch.cuda.Event).synchronize()
