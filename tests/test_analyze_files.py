@@ -102,20 +102,30 @@ def test_real_gloo_hang_sample_set(shared_data: Path):
     assert v["stack_tree"].startswith("[")
 
 
-def _capture_open_rings(tmp: Path) -> Path:
-    """A documented input for a hang with a CUDA graph capture open (cannot happen on CPU): rings written by the
-    real recorder, in the shape tracer hooks record — rank 1 entered graph capture and its captured all_reduce
-    never returned; rank 0 finished capture and waits in the next real all_reduce."""
+def _two_nccl_rings(tmp: Path) -> tuple[Path, list]:
+    """A finished-looking host dir of another machine with a 64-slot ring per rank of a 2-rank NCCL world group,
+    written by the real recorder (identity and group records in place); the caller writes the ops."""
     from tracer.recorder import Recorder
 
     host = tmp / "run" / "node0-abc"
     (host / "rings").mkdir(parents=True)
     (host / "meta.json").write_text(json.dumps({"schema": "ranktrace.meta/1", "hostname": "elsewhere",
                                                 "exit": None, "pids": {}}))
+    recs = []
     for rank in (0, 1):
         rec = Recorder(str(host / "rings" / f"{100 + rank}.ring"), slots=64)
         rec.meta({"type": "identity", "rank": rank, "world": 2})
         rec.meta({"type": "group", "name": "0", "desc": "default_pg", "backend": "nccl", "ranks": [0, 1]})
+        recs.append(rec)
+    return host, recs
+
+
+def _capture_open_rings(tmp: Path) -> Path:
+    """A documented input for a hang with a CUDA graph capture open (cannot happen on CPU): rings written by the
+    real recorder, in the shape tracer hooks record — rank 1 entered graph capture and its captured all_reduce
+    never returned; rank 0 finished capture and waits in the next real all_reduce."""
+    host, recs = _two_nccl_rings(tmp)
+    for rank, rec in enumerate(recs):
         g, ar = rec.intern("0"), rec.intern("all_reduce")
         for seq in (1, 2):
             rec.op("enter", "collective", ar, tid=1, group_id=g, seq=seq, span_id=seq)
@@ -143,16 +153,8 @@ def _wrapped_ring_rings(tmp: Path, rank1_tail: int, rank1_last: int = 5) -> Path
     """Rings written by the real recorder: both ranks issued world all_reduce seq 1..4 (NCCL: issued, then the
     next one is what tells the previous one finished); rank 0 waits in seq 5. Rank 1 then issued `rank1_tail` ops
     on its own TP group "1" — enough of them wrap its 64-slot ring past every world record."""
-    from tracer.recorder import Recorder
-
-    host = tmp / "run" / "node0-abc"
-    (host / "rings").mkdir(parents=True)
-    (host / "meta.json").write_text(json.dumps({"schema": "ranktrace.meta/1", "hostname": "elsewhere",
-                                                "exit": None, "pids": {}}))
-    for rank in (0, 1):
-        rec = Recorder(str(host / "rings" / f"{100 + rank}.ring"), slots=64)
-        rec.meta({"type": "identity", "rank": rank, "world": 2})
-        rec.meta({"type": "group", "name": "0", "desc": "default_pg", "backend": "nccl", "ranks": [0, 1]})
+    host, recs = _two_nccl_rings(tmp)
+    for rank, rec in enumerate(recs):
         rec.meta({"type": "group", "name": "1", "desc": "tp", "backend": "nccl", "ranks": [rank]})
         w, tp, ar = rec.intern("0"), rec.intern("1"), rec.intern("all_reduce")
         for seq in range(1, 5 if rank == 0 else rank1_last + 1):
