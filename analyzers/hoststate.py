@@ -47,9 +47,11 @@ class RankStack:
     line: int | None
 
 
+# ranktrace's own in-rank files (the wrappers a sampled stack passes through, the agent's thread): never the program
+TRACER_FRAME = re.compile(r"[(/]tracer/(hooks|state|wrap_\w+|agent)\.py")
 _LIBRARY = re.compile(r"site-packages|dist-packages|/lib/python\d|[(/]torch/|<frozen|^<|\(threading\.py|\(queue\.py|"
                       r"\(selectors\.py|\(socket\.py|\((multiprocessing|concurrent|asyncio)/|ranktrace|"
-                      r"[(/]tracer/(hooks|agent)\.py")
+                      + TRACER_FRAME.pattern)
 
 
 def application_frame(frames: tuple[str, ...]) -> str | None:

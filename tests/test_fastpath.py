@@ -184,7 +184,9 @@ def test_dynamic_shapes_do_not_fill_the_meta_region(tmp_path: Path, monkeypatch)
     """A serving loop sees a new shape per batch size: past MAX_SHAPES only the rank is written, nbytes stays exact."""
     import torch
 
-    monkeypatch.setattr(hooks, "MAX_SHAPES", 8)
+    from tracer import state
+
+    monkeypatch.setattr(state, "MAX_SHAPES", 8)  # read where TraceState is defined
     st = hooks.TraceState(lambda: Recorder(str(tmp_path / "s.ring"), slots=64), 0, 1)
     ids = [st.tensor(torch.empty(n, 3)) for n in range(1, 41)]
     strings = {v: k for k, v in st.rec._strings.items()}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from analyzers.hoststate import RankStack
+from analyzers.hoststate import RankStack, application_frame
 from analyzers.stacks import normalise_frame
 from analyzers.verdict import Evidence, Finding, Operation, WaitEdge
 from analyzers.waitfor import PendingOp
@@ -50,13 +50,8 @@ def where(stack: RankStack | None) -> str | None:
     """The innermost frame of the application (not torch/stdlib) — 'next_batch (tp_job.py:50)'."""
     if stack is None or not stack.frames:
         return None
-    for f in stack.frames:
-        low = f.lower()
-        if "site-packages" in low or "/torch/" in low or "/lib/python" in low or "threading.py" in low \
-                or "queue.py" in low or f.startswith("<"):
-            continue
-        return normalise_frame(f)
-    return normalise_frame(stack.frames[0])
+    app = application_frame(stack.frames)
+    return normalise_frame(app if app is not None else stack.frames[0])
 
 
 def stack_evidence(stack: RankStack, state: str) -> Evidence:

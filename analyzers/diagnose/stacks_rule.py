@@ -11,6 +11,7 @@ from collections import Counter
 
 from analyzers.diagnose.candidate import Candidate, ranks_text, stack_evidence, where
 from analyzers.diagnose.context import Context
+from analyzers.hoststate import TRACER_FRAME
 from analyzers.stacks import normalise_frame
 from analyzers.verdict import Finding, Operation, WaitEdge
 
@@ -31,7 +32,7 @@ def collective_in_stack(frames: tuple[str, ...]) -> tuple[str, str | None] | Non
         if m:
             caller = next((normalise_frame(g) for g in frames[i + 1:]
                            if "/torch/" not in g and "c10d_logger" not in g and "ranktrace" not in g
-                           and "tracer/hooks.py" not in g), None)
+                           and not TRACER_FRAME.search(g)), None)
             return m.group(1), caller
     for f in frames:
         m = _NATIVE.search(f)

@@ -1,0 +1,338 @@
+"""Wrappers of CUDA-graph capture / replay, make_graphed_callables and host syncs (tracer.graphs decides
+where they go), and the meta-region span the graph and phase wrappers share.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+from .state import (N32, N64, TraceState, _C_GRAPH, _C_SYNC, _ENTER, _ERROR, _EXIT, _F_CAPTURING, _callsite_text,
+    _error_id, _finish, error_text)
+from .wrap_ops import _with_fastpath, _MODE_SYNC
+
+__all__ = [  # everything, private names included: tracer.hooks re-exports this module whole
+    "CAPTURE", "_open_capture", "_begin_capturing", "_close_capture", "make_graph_enter_wrapper",
+    "make_graph_exit_wrapper", "make_capture_wrapper", "make_replay_wrapper", "make_sync_wrapper",
+    "make_graphed_callables_wrapper", "_meta_span_call",
+]
+
+
+# ============================================================================================================
+# CUDA graphs and host syncs (tracer.graphs decides where these go)
+# ============================================================================================================
+CAPTURE = "cuda_graph_capture"
+
+
+def _open_capture(st: TraceState, graph: Any, frame: Any) -> tuple[int, int, int, Any]:
+    """Meta-region enter of a capture span; returns (span, graph id, parent, nvtx)."""
+    local = st.tls.ts
+    if local is None:
+        local = st.new_thread()
+    gid = st.graph_id(graph)
+    span = st.new_span()
+    parent = local.span
+    st.meta_event("enter", CAPTURE, "graph", span, local.tid, graph_id=gid, callsite=_callsite_text(st, frame),
+                  parent_span_id=parent or None)
+    nv = st.nv
+    if nv is not None:
+        nv.push(f"{CAPTURE} graph={gid}")
+    return span, gid, parent, nv
+
+
+def _begin_capturing(st: TraceState, gid: int, span: int) -> None:
+    """From here until the capture closes, ops get capturing=true + graph_id and no seq; ranktrace makes no CUDA
+    call (it never does), and backend counters are not read (captured ops move them without running)."""
+    st.capturing = gid
+    st.capture_span = span
+    st.capture_tid = st.local.tid
+    st.local.span = span
+
+
+def _close_capture(st: TraceState, span: int, gid: int, parent: int, nv: Any, err: BaseException | None) -> None:
+    st.capturing = None
+    st.capture_span = 0
+    st.local.span = parent
+    if nv is not None:
+        nv.pop()
+    extra: dict[str, Any] = {"graph_id": gid}
+    if err is not None:
+        extra["error"] = error_text(err)
+    st.meta_event("error" if err is not None else "exit", CAPTURE, "graph", span, st.local.tid, **extra)
+    st.rebaseline(check=False)  # captured collectives moved backend counters; they are not untraced ops
+
+
+def make_graph_enter_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.cuda.graph.__enter__``: opens the capture span at the user's ``with`` line; torch's own
+    synchronize / capture_begin inside it are not recorded separately."""
+
+    def __enter__(self: Any) -> Any:
+        local = st.tls.ts
+        if local is None:
+            local = st.new_thread()
+        if local.depth or not st.enabled:
+            return orig(self)
+        try:
+            graph = getattr(self, "cuda_graph", None)
+            opened = _open_capture(st, graph if graph is not None else self, sys._getframe(1))
+        except Exception as e:
+            st.fail(e)
+            return orig(self)
+        local.depth += 1
+        local.in_graph_ctx += 1
+        try:
+            result = orig(self)
+        except BaseException as e:
+            local.depth -= 1
+            local.in_graph_ctx -= 1
+            try:
+                _close_capture(st, *opened, e)
+            except Exception as e2:
+                st.fail(e2)
+            raise
+        local.depth -= 1
+        local.in_graph_ctx -= 1
+        _begin_capturing(st, opened[1], opened[0])
+        st.open_captures[("ctx", id(self))] = opened
+        return result
+
+    return _finish(__enter__, orig, name="__enter__")
+
+
+def make_graph_exit_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.cuda.graph.__exit__``: closes the span opened by __enter__ (error kind when capture_end raised)."""
+
+    def __exit__(self: Any, *args: Any) -> Any:
+        local = st.tls.ts
+        if local is None:
+            local = st.new_thread()
+        opened = st.open_captures.pop(("ctx", id(self)), None)
+        if opened is None or not st.enabled:
+            return orig(self, *args)
+        local.depth += 1
+        local.in_graph_ctx += 1
+        try:
+            result = orig(self, *args)
+        except BaseException as e:
+            local.depth -= 1
+            local.in_graph_ctx -= 1
+            try:
+                _close_capture(st, *opened, e)
+            except Exception as e2:
+                st.fail(e2)
+            raise
+        local.depth -= 1
+        local.in_graph_ctx -= 1
+        try:
+            _close_capture(st, *opened, None)
+        except Exception as e:
+            st.fail(e)
+        return result
+
+    return _finish(__exit__, orig, name="__exit__")
+
+
+def make_capture_wrapper(st: TraceState, which: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``CUDAGraph.capture_begin`` / ``capture_end`` called directly (not from torch.cuda.graph, which records the
+    span itself): the same capture span, opened by capture_begin and closed by capture_end."""
+    begin = which == "capture_begin"
+
+    def capture(self: Any, *args: Any, **kwargs: Any) -> Any:
+        local = st.tls.ts
+        if local is None:
+            local = st.new_thread()
+        if local.depth or local.in_graph_ctx or not st.enabled:
+            return orig(self, *args, **kwargs)
+        opened = None
+        try:
+            if begin:
+                opened = _open_capture(st, self, sys._getframe(1))
+            else:
+                opened = st.open_captures.pop(("graph", id(self)), None)
+        except Exception as e:
+            st.fail(e)
+            return orig(self, *args, **kwargs)
+        local.depth += 1
+        try:
+            result = orig(self, *args, **kwargs)
+        except BaseException as e:
+            local.depth -= 1
+            try:
+                if opened is not None:
+                    _close_capture(st, *opened, e)
+                else:
+                    st.capturing = None
+            except Exception as e2:
+                st.fail(e2)
+            raise
+        local.depth -= 1
+        try:
+            if begin:
+                _begin_capturing(st, opened[1], opened[0])  # type: ignore[index]
+                st.open_captures[("graph", id(self))] = opened  # type: ignore[assignment]
+            elif opened is not None:
+                _close_capture(st, *opened, None)
+            else:
+                st.capturing = None
+        except Exception as e:
+            st.fail(e)
+        return result
+
+    return _finish(capture, orig, name=which)
+
+
+def make_replay_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``CUDAGraph.replay``: a ``replay`` span (category graph) with seq = this graph's replay count on this rank.
+    Replay returns once the graph is launched, so an open replay span means the launch itself blocked."""
+    nid = [0]
+
+    def replay(self: Any, *args: Any, **kwargs: Any) -> Any:
+        local = st.tls.ts
+        if local is None:
+            local = st.new_thread()
+        if local.depth or not st.enabled:
+            return orig(self, *args, **kwargs)
+        try:
+            tid = local.tid
+            gid = st.graph_id(self)
+            seq = st.replays.get(gid, 0) + 1
+            st.replays[gid] = seq
+            name_id = nid[0] or st.name_id("replay")
+            nid[0] = name_id
+            cs = st.callsite(sys._getframe(1))
+            span = st.new_span()
+            parent = local.span
+            st.put(_ENTER, _C_GRAPH, 0, name_id, 0, cs, 0, 0, 0, N32, gid, seq, N64, N64, span, parent, tid)
+            nv = st.nv
+            if nv is not None:
+                nv.push(f"replay graph={gid} seq={seq}")
+        except Exception as e:
+            st.fail(e)
+            return orig(self, *args, **kwargs)
+        local.depth = 1
+        try:
+            result = orig(self, *args, **kwargs)
+        except BaseException as e:
+            local.depth = 0
+            try:
+                if nv is not None:
+                    nv.pop()
+                st.put(_ERROR, _C_GRAPH, 0, name_id, 0, cs, 0, 0, _error_id(st, e), N32, gid, seq, N64, N64, span,
+                       parent, tid)
+            except Exception as e2:
+                st.fail(e2)
+            raise
+        local.depth = 0
+        try:
+            if nv is not None:
+                nv.pop()
+            st.put(_EXIT, _C_GRAPH, 0, name_id, 0, cs, 0, 0, 0, N32, gid, seq, N64, N64, span, parent, tid)
+        except Exception as e:
+            st.fail(e)
+        return result
+
+    return _finish(replay, orig, name="replay")
+
+
+def make_sync_wrapper(st: TraceState, name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+    """A host sync (``torch.cuda.synchronize``, ``Stream.synchronize``, ``Event.synchronize``): a span in category
+    sync — on NCCL this is where a rank whose collective never completes actually blocks (DESIGN §2)."""
+    nid = [0]
+
+    def sync(*args: Any, **kwargs: Any) -> Any:
+        local = st.tls.ts
+        if local is None:
+            local = st.new_thread()
+        if local.depth or not st.enabled:
+            return orig(*args, **kwargs)
+        try:
+            tid = local.tid
+            name_id = nid[0] or st.name_id(name)
+            nid[0] = name_id
+            cs = st.callsite(sys._getframe(1))
+            span = st.new_span()
+            parent = local.span
+            capturing = st.capturing_for(tid)
+            flags, graph = (0, N32) if capturing is None else (_F_CAPTURING, capturing)
+            st.put(_ENTER, _C_SYNC, flags, name_id, 0, cs, 0, 0, 0, N32, graph, N64, N64, N64, span, parent, tid)
+            nv = st.nv
+            if nv is not None:
+                nv.push(name)
+        except Exception as e:
+            st.fail(e)
+            return orig(*args, **kwargs)
+        local.depth = 1
+        try:
+            result = orig(*args, **kwargs)
+        except BaseException as e:
+            local.depth = 0
+            try:
+                if nv is not None:
+                    nv.pop()
+                st.put(_ERROR, _C_SYNC, flags, name_id, 0, cs, 0, 0, _error_id(st, e), N32, graph, N64, N64, N64,
+                       span, parent, tid)
+            except Exception as e2:
+                st.fail(e2)
+            raise
+        local.depth = 0
+        try:
+            if nv is not None:
+                nv.pop()
+            st.put(_EXIT, _C_SYNC, flags, name_id, 0, cs, 0, 0, 0, N32, graph, N64, N64, N64, span, parent, tid)
+        except Exception as e:
+            st.fail(e)
+        return result
+
+    return _finish(_with_fastpath(st, _finish(sync, orig), orig, name, _MODE_SYNC, "sync"), orig)
+
+
+def make_graphed_callables_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.cuda.make_graphed_callables``: a meta-region span (category graph); the warm-up and the captures it
+    runs are recorded inside it (depth guard left open)."""
+
+    def make_graphed_callables(*args: Any, **kwargs: Any) -> Any:
+        return _meta_span_call(st, "make_graphed_callables", "graph", orig, args, kwargs, sys._getframe(1))
+
+    return _finish(make_graphed_callables, orig)
+
+
+def _meta_span_call(st: TraceState, name: str, category: str, orig: Callable[..., Any], args: tuple, kwargs: dict,
+                    frame: Any) -> Any:
+    """Call orig inside an enter/exit pair in the meta region (never evicted), children parented to it."""
+    local = st.tls.ts
+    if local is None:
+        local = st.new_thread()
+    if local.depth or not st.enabled:
+        return orig(*args, **kwargs)
+    try:
+        span = st.new_span()
+        parent = local.span
+        st.meta_event("enter", name, category, span, local.tid, callsite=_callsite_text(st, frame),
+                      parent_span_id=parent or None)
+        nv = st.nv
+        if nv is not None:
+            nv.push(name)
+    except Exception as e:
+        st.fail(e)
+        return orig(*args, **kwargs)
+    local.span = span
+    try:
+        result = orig(*args, **kwargs)
+    except BaseException as e:
+        local.span = parent
+        try:
+            if nv is not None:
+                nv.pop()
+            st.meta_event("error", name, category, span, local.tid, error=error_text(e))
+        except Exception as e2:
+            st.fail(e2)
+        raise
+    local.span = parent
+    try:
+        if nv is not None:
+            nv.pop()
+        st.meta_event("exit", name, category, span, local.tid)
+    except Exception as e:
+        st.fail(e)
+    return result
+
+
