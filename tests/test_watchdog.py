@@ -11,7 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.helpers import EXAMPLE, PY, TRACE, run_trace, trace_env
+from tests.helpers import EXAMPLE, PY, REPO, TRACE, run_trace, trace_env
 
 
 def job(fault: str, *extra: str) -> list[str]:
@@ -159,3 +159,33 @@ def test_trace_dir_deleted_under_a_running_monitor(tmp_path: Path):
         assert ours not in err, err[-3000:]
     assert proc.returncode == 1, err[-2000:]
     assert err.strip().splitlines()[-1].startswith("[ranktrace] job exited with status 1")
+
+
+def test_a_pid_reused_since_the_ring_was_written_is_not_taken_for_a_rank(tmp_path: Path):
+    """`trace analyze` on the dir of a run whose launcher was SIGKILLed (no exit in meta.json): a ring's pid that
+    now belongs to a process started after the ring must not be dumped and read as a rank."""
+    from tracer import hostinfo, live
+    from tracer.recorder import Recorder
+
+    host = tmp_path / hostinfo.host_key()
+    (host / "rings").mkdir(parents=True)
+    (host / "meta.json").write_text(json.dumps({"schema": "ranktrace.meta/1", "hostname": os.uname().nodename,
+                                                "exit": None}))
+    owner = subprocess.Popen([PY, "-c", "import sys, time\nfrom tracer.recorder import Recorder\n"
+                              "Recorder(sys.argv[1] + '/rings/%d.ring' % __import__('os').getpid(), slots=16)\n"
+                              "print('ready', flush=True); time.sleep(60)", str(host)],
+                             stdout=subprocess.PIPE, text=True, cwd=REPO, env=trace_env())
+    stranger = None
+    try:
+        assert owner.stdout.readline().strip() == "ready"
+        Recorder(str(host / "rings" / "99999999.ring"), slots=16).close()  # a pid that does not exist
+        time.sleep(1.6)
+        stranger = subprocess.Popen(["sleep", "60"])  # started after every ring: stands for a reused pid
+        os.link(host / "rings" / f"{owner.pid}.ring", host / "rings" / f"{stranger.pid}.ring")
+        assert live.live_pids(host) == [owner.pid]
+        assert live.live_pids(tmp_path / "elsewhere-0000") == []
+    finally:
+        for p in (owner, stranger):
+            if p is not None:
+                p.kill()
+                p.wait()

@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import struct
+import time
 from pathlib import Path
 
-from tracer import burst
+from tracer import burst, hostinfo
+from tracer import ringformat as rf
 
 __all__ = ["live_pids", "host_dirs", "snapshot_live"]
 
@@ -23,19 +27,46 @@ def host_dirs(path: Path) -> list[Path]:
 
 
 def live_pids(host_dir: Path) -> list[int]:
-    """Pids of the job's traced processes that are alive on this machine (none once the job has ended)."""
+    """Pids of the job's traced processes that are alive on this machine (none once the job has ended).
+
+    A pid is taken from a ring's name only if the process running under it now is the one that wrote the ring:
+    same boot (the host dir names its boot id) and started no later than the ring was created. A `trace run` that
+    was SIGKILLed never wrote its exit: days later its pids may belong to unrelated processes, which must not be
+    dumped and read as ranks."""
     try:
         meta = json.loads((host_dir / "meta.json").read_text())
     except (OSError, ValueError):
         meta = {}
     if meta.get("exit") or meta.get("hostname") not in (None, os.uname().nodename):
         return []
+    if host_dir.name.startswith(f"{socket.gethostname()}-") and host_dir.name != hostinfo.host_key():
+        return []  # this machine rebooted since: none of those processes exists any more
     pids = []
     for ring in (host_dir / "rings").glob("*.ring"):
         head = ring.stem.split("-")[0]
-        if head.isdigit() and os.path.exists(f"/proc/{head}"):
+        if head.isdigit() and os.path.exists(f"/proc/{head}") and ring_owner_alive(int(head), ring):
             pids.append(int(head))
     return sorted(set(pids))
+
+
+def ring_owner_alive(pid: int, ring: Path) -> bool:
+    """Whether process `pid` started no later than `ring`'s header says the ring was made. The header has
+    CLOCK_MONOTONIC; /proc/<pid>/stat counts from boot including suspended time (CLOCK_BOOTTIME): the ring's time
+    is moved onto that clock by today's difference between the two, with 1 s of slack for tick rounding."""
+    try:
+        with open(ring, "rb") as f:
+            head = f.read(rf.HEADER.size)
+        fields = rf.HEADER.unpack(head)
+        if fields[0] != rf.MAGIC:
+            return False
+        created_s = fields[3] / 1e9 + (time.clock_gettime(time.CLOCK_BOOTTIME) - time.monotonic())
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        start_ticks = int(stat[stat.rindex(b")") + 2:].split()[19])
+        started_s = start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, struct.error):
+        return False
+    return started_s <= created_s + 1.0
 
 
 def snapshot_live(paths: list[Path], reason: str = "trace analyze") -> list[str]:
