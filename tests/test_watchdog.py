@@ -68,6 +68,13 @@ def test_without_py_spy_the_in_rank_agents_give_stacks_and_flight_recorder(tmp_p
     assert culprit and "next_batch" in culprit[0]["detail"]
     assert len([i for i in v["inputs"] if "/fr-rank" in i]) == 4  # every rank's Flight Recorder was read
     assert not [f for f in v["findings"] if f["kind"] == "input_skipped"]
+    # the watchdog's periodic stack samples came from the agents too (its stack-progress signal keeps working)
+    import pyarrow.ipc as ipc
+
+    with open(next(run.glob("*/samples/stacks.arrow")), "rb") as f:
+        rows = ipc.open_stream(f).read_all().to_pylist()
+    sampled = {r["rank"] for r in rows if r["kind"] == "sample" and r["thread_name"] == "MainThread"}
+    assert sampled >= {0, 1, 2, 3}
 
 
 def test_rank_that_never_joins_is_an_init_hang(tmp_path: Path):

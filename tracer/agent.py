@@ -28,11 +28,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["AGENTS_DIR", "THREAD_NAME", "start", "socket_path", "ask", "stacks_as_pyspy"]
+__all__ = ["AGENTS_DIR", "THREAD_NAME", "REQUEST", "STACKS_REQUEST", "start", "socket_path", "ask", "stacks_as_pyspy"]
 
 AGENTS_DIR = "agents"
 THREAD_NAME = "ranktrace-agent"
-REQUEST = b"dump\n"
+REQUEST = b"dump\n"            # stacks and Flight Recorder (hang-time bursts)
+STACKS_REQUEST = b"stacks\n"   # stacks only (the monitor's periodic samples when py-spy cannot run)
 MAX_REQUEST = 64
 
 _started_in: int | None = None  # pid of the process whose agent is running (a fork child has another pid)
@@ -98,11 +99,11 @@ def _serve(srv: socket.socket, rank_of: Callable[[], int | None], capture_open: 
         try:
             with conn:
                 conn.settimeout(2.0)
-                req = conn.recv(MAX_REQUEST)
-                if req.strip() != REQUEST.strip():
+                req = conn.recv(MAX_REQUEST).strip()
+                if req not in (REQUEST.strip(), STACKS_REQUEST.strip()):
                     continue
                 try:
-                    body = json.dumps(_answer(rank_of, capture_open), default=str)
+                    body = json.dumps(_answer(rank_of, capture_open, with_fr=req == REQUEST.strip()), default=str)
                 except Exception as e:  # still answer: the burst says what went wrong
                     body = json.dumps({"pid": os.getpid(), "threads": [], "error": f"{type(e).__name__}: {e}"})
                 conn.sendall(body.encode())
@@ -110,7 +111,8 @@ def _serve(srv: socket.socket, rank_of: Callable[[], int | None], capture_open: 
             continue
 
 
-def _answer(rank_of: Callable[[], int | None], capture_open: Callable[[], bool]) -> dict[str, Any]:
+def _answer(rank_of: Callable[[], int | None], capture_open: Callable[[], bool], with_fr: bool = True
+            ) -> dict[str, Any]:
     out: dict[str, Any] = {"pid": os.getpid(), "rank": None, "wall_ns": time.time_ns(), "threads": [],
                            "fr": None, "fr_note": None}
     try:
@@ -121,6 +123,8 @@ def _answer(rank_of: Callable[[], int | None], capture_open: Callable[[], bool])
         out["threads"] = stacks_as_pyspy()
     except Exception as e:
         out["stacks_note"] = f"{type(e).__name__}: {e}"
+    if not with_fr:
+        return out
     if capture_open():
         out["fr_note"] = "a CUDA graph capture is open: Flight Recorder not dumped (it may read CUDA events)"
     else:
@@ -193,13 +197,13 @@ def stacks_as_pyspy() -> list[dict[str, Any]]:
     return out
 
 
-def ask(path: Path | str, timeout: float = 5.0) -> dict[str, Any]:
+def ask(path: Path | str, timeout: float = 5.0, request: bytes = REQUEST) -> dict[str, Any]:
     """One agent's answer (the burst side). Raises OSError / ValueError when there is none in time."""
     deadline = time.monotonic() + timeout
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         _via_dir_fd(Path(path), s.connect)
-        s.sendall(REQUEST)
+        s.sendall(request)
         chunks = []
         while True:
             s.settimeout(max(0.05, deadline - time.monotonic()))

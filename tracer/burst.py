@@ -147,7 +147,7 @@ def capture_burst(host_dir: Path, pids: list[int], *, native: bool = False, time
     result.files.append(directory / "proc.json")
     given = {p: d for p, d in (dumps or {}).items() if p in live and d.text is not None}
     for p, d in given.items():
-        path = directory / f"pyspy-{p}.json"
+        path = directory / f"{d.source}-{p}.json"  # pyspy-<pid>.json, or agent-<pid>.json (same layout)
         path.write_text(d.text or "")
         result.files.append(path)
     agents = ThreadPoolExecutor(max_workers=min(8, max(1, len(live))), thread_name_prefix="ranktrace-agent-ask")

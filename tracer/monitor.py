@@ -242,13 +242,15 @@ class Monitor:
         """One non-blocking py-spy round over every rank, recorded in stacks.arrow; {} without py-spy."""
         from tracer import samplers
 
-        if self.pyspy is None:
-            if not self._said_no_pyspy:
-                self._said_no_pyspy = True
-                self.log("py-spy not found: no stack samples, silence is judged on records and /proc only "
-                         "(pip install py-spy)")
-            return {}
-        dumps = samplers.dump_all(self.pyspy, self.pids())
+        pids = self.pids()
+        if self.pyspy is None and not self._said_no_pyspy:
+            self._said_no_pyspy = True
+            self.log("py-spy not found or turned off: stack samples come from the in-rank agents only")
+        dumps = samplers.dump_all(self.pyspy, pids) if self.pyspy is not None else {}
+        unread = [p for p in pids if dumps.get(p) is None or dumps[p].text is None]
+        if unread:  # py-spy missing or refused (ptrace): the ranks' own agents answer instead
+            dumps.update({p: d for p, d in samplers.agent_dumps(self.host_dir, unread).items()
+                          if d.text is not None or p not in dumps})
         if "stacks" not in self.off:
             try:
                 self.stack_sampler.record(dumps, self.ranks(), trigger)

@@ -282,6 +282,7 @@ class StackDump:
     text: str | None = None
     error: str | None = None
     threads: list[dict[str, Any]] = field(default_factory=list)
+    source: str = "pyspy"  # or "agent": the rank's own answer (tracer.agent), same JSON layout
 
 
 def pyspy_dump(pyspy: str, pid: int, *, native: bool = False, timeout: float = 5.0) -> StackDump:
@@ -320,6 +321,29 @@ def dump_all(pyspy: str, pids: list[int], *, native: bool = False, timeout: floa
     with ThreadPoolExecutor(max_workers=min(8, len(pids))) as pool:
         dumps = list(pool.map(lambda p: pyspy_dump(pyspy, p, native=native, timeout=timeout), pids))
     return {d.pid: d for d in dumps}
+
+
+def agent_dumps(host_dir: Path, pids: list[int], *, timeout: float = 3.0) -> dict[int, StackDump]:
+    """Stacks of every pid that has an in-rank agent (tracer.agent), asked concurrently; no FR (cheap, periodic).
+    For processes py-spy cannot read (ptrace denied, py-spy missing)."""
+    from tracer import agent
+
+    def one(pid: int) -> StackDump | None:
+        sock = agent.socket_path(host_dir, pid)
+        if not sock.exists():
+            return None
+        wall, mono = time.time_ns(), time.monotonic_ns()
+        try:
+            ans = agent.ask(sock, timeout, request=agent.STACKS_REQUEST)
+        except (OSError, ValueError) as e:
+            return StackDump(pid, wall, mono, error=f"in-rank agent of pid {pid} did not answer: {e}", source="agent")
+        threads = ans.get("threads") if isinstance(ans.get("threads"), list) else []
+        return StackDump(pid, wall, mono, text=json.dumps(threads), threads=threads, source="agent")
+
+    if not pids:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(8, len(pids))) as pool:
+        return {d.pid: d for d in pool.map(one, pids) if d is not None}
 
 
 def frame_text(fr: dict[str, Any]) -> str | None:
