@@ -187,13 +187,16 @@ def _group_ranks(events: pa.Table) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def _op_pids(events: pa.Table) -> dict[int, int]:
+def _op_pids(events: pa.Table, rank_pids: dict[int, set[int]]) -> dict[int, int]:
     """rank -> the pid that issued most of its ops (collective, p2p, init records): its real process, not a helper
-    that inherited RANK (those may write a ring too, but issue nothing)."""
-    if not events.num_rows:
+    that inherited RANK (those may write a ring too, but issue nothing). Only ranks with several pids are looked at
+    (a pass over their events alone: most jobs have none)."""
+    shared = sorted(p for pids in rank_pids.values() if len(pids) > 1 for p in pids)
+    if not events.num_rows or not shared:
         return {}
-    ops = events.filter(pc.and_(pc.and_(pc.is_valid(events["rank"]), pc.is_valid(events["pid"])),
-                                pc.is_in(events["category"], value_set=pa.array(["collective", "p2p", "init"]))))
+    mine = events.filter(pc.is_in(events["pid"], value_set=pa.array(shared, pa.int64())))
+    ops = mine.filter(pc.and_(pc.is_valid(mine["rank"]),
+                              pc.is_in(mine["category"], value_set=pa.array(["collective", "p2p", "init"]))))
     if not ops.num_rows:
         return {}
     counts = ops.group_by(["rank", "pid"], use_threads=False).aggregate([("pid", "count")])
@@ -234,8 +237,6 @@ def build_context(inputs: Inputs) -> Context:
     for t in (events, inputs.stacks, inputs.observations):
         if t.num_rows and t["rank"].null_count < t.num_rows:
             observed.update(pc.unique(t["rank"].drop_null()).to_pylist())
-    stacks = hoststate.latest_stacks(inputs.stacks, _op_pids(events))
-    host_states = {r: hoststate.classify(s.frames, s.thread_state) for r, s in stacks.items()}
     rank_pids: dict[int, set[int]] = {}
     unranked: set[int] = set()
     job = _job_status(inputs)
@@ -260,6 +261,8 @@ def build_context(inputs: Inputs) -> Context:
                 elif info.get("ppid"):
                     parents.add(int(info["ppid"]))
     unranked -= parents  # mp.spawn / torchrun parents are launchers, not ranks
+    stacks = hoststate.latest_stacks(inputs.stacks, _op_pids(events, rank_pids))
+    host_states = {r: hoststate.classify(s.frames, s.thread_state) for r, s in stacks.items()}
     return Context(
         inputs=inputs, events=events, ops=ops, graph=waitfor.build_graph(ops, group_ranks, world, _wrapped(events)),
         group_ranks=group_ranks, world=world, observed_ranks=observed, open_spans=timeline.open_spans(events),

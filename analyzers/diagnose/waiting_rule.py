@@ -224,11 +224,15 @@ def _exit_marks(ctx: Context) -> dict[int, dict]:
     import pyarrow.compute as pc
 
     ev = ctx.events
-    workers = ev.filter(pc.and_(pc.equal(ev["kind"], "enter"),
-                                pc.is_in(ev["category"], value_set=pa.array(["collective", "p2p", "init"]))))
+    marks = ev.filter(pc.and_(pc.equal(ev["kind"], "mark"), pc.equal(ev["name"], "process_exit"))).to_pylist()
+    pids = sorted({m["pid"] for m in marks if m["rank"] is not None and m["pid"] is not None})
+    if not pids:
+        return {}
+    theirs = ev.filter(pc.is_in(ev["pid"], value_set=pa.array(pids, pa.int64())))  # only the marked processes
+    workers = theirs.filter(pc.and_(pc.equal(theirs["kind"], "enter"),
+                                    pc.is_in(theirs["category"], value_set=pa.array(["collective", "p2p", "init"]))))
     main_pids = set(pc.unique(workers["pid"].drop_null()).to_pylist()) if workers.num_rows else set()
-    marks = ev.filter(pc.and_(pc.equal(ev["kind"], "mark"), pc.equal(ev["name"], "process_exit")))
-    return {r["rank"]: r for r in marks.to_pylist() if r["rank"] is not None and r["pid"] in main_pids}
+    return {r["rank"]: r for r in marks if r["rank"] is not None and r["pid"] in main_pids}
 
 
 def _exited(ctx: Context, culprits: set[int], into: list[waitfor.Edge]) -> tuple[set[int], list[Evidence]]:
