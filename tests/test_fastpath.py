@@ -194,3 +194,57 @@ def test_dynamic_shapes_do_not_fill_the_meta_region(tmp_path: Path, monkeypatch)
     assert {strings[i[1]] for i in ids[8:]} == {"<2-d, shape not kept>"}
     assert [i[2] for i in ids] == [n * 3 * 4 for n in range(1, 41)]
     assert len(st.tensor_ids) == 8 and len(st.rec._strings) <= 8 + 3
+
+
+def synchronize(device=None):  # noqa: ANN001, ANN201
+    """A module-level function, so pickle can name it (as torch.cuda.synchronize is named)."""
+    return device
+
+
+def test_a_traced_function_copies_and_pickles_like_the_function(tmp_path: Path):
+    """A job that deep-copies or torch.saves an object holding dist.all_reduce / torch.cuda.synchronize must not
+    fail because ranktrace wrapped them."""
+    import copy
+    import pickle
+    import sys
+
+    st = hooks.TraceState(lambda: Recorder(str(tmp_path / "p.ring"), slots=64), 0, 1)
+    wrapped = hooks.make_sync_wrapper(st, "cuda_synchronize", synchronize)
+    assert type(wrapped).__name__ == "FastSpan"
+    module = sys.modules[__name__]
+    saved = module.synchronize
+    module.synchronize = wrapped  # installed in its module, as tracer.graphs installs torch.cuda.synchronize
+    try:
+        holder = {"sync": wrapped, "n": [1]}
+        assert copy.copy(wrapped) is wrapped and copy.deepcopy(holder)["sync"] is wrapped
+        assert pickle.loads(pickle.dumps(holder))["sync"] is wrapped
+    finally:
+        module.synchronize = saved
+
+
+def test_a_keyboard_interrupt_inside_ranktrace_code_is_the_jobs(tmp_path: Path):
+    """Ctrl-C's KeyboardInterrupt raised while ranktrace's own Python code runs (here: its ring clock) propagates
+    as it would from the Python wrapper — not swallowed as a tracer failure, and the call is not run after it."""
+    ticks = {"n": 0, "raise_at": None}
+
+    def clock() -> int:
+        ticks["n"] += 1
+        if ticks["raise_at"] is not None and ticks["n"] >= ticks["raise_at"]:
+            ticks["raise_at"] = None
+            raise KeyboardInterrupt
+        return ticks["n"]
+
+    st = hooks.TraceState(lambda: Recorder(str(tmp_path / "k.ring"), slots=64, clock=clock), 0, 1)
+    calls: list[int] = []
+    wrapped = hooks.make_sync_wrapper(st, "cuda_synchronize", lambda: calls.append(1))
+    for _ in range(2):
+        wrapped()
+    assert wrapped.fast_calls >= 1 and len(calls) == 2
+    ticks["raise_at"] = ticks["n"] + 1  # the enter record's clock read
+    with pytest.raises(KeyboardInterrupt):
+        wrapped()
+    assert len(calls) == 2 and st.enabled  # not run, and tracing is still on: it was not ranktrace's failure
+    ticks["raise_at"] = ticks["n"] + 2  # the exit record's clock read, after the call ran
+    with pytest.raises(KeyboardInterrupt):
+        wrapped()
+    assert len(calls) == 3 and st.enabled

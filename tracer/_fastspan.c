@@ -134,16 +134,31 @@ static int write_slot(PyObject *ring, Slot *rec) {
     return 0;
 }
 
-/* st.fail(current exception); clears it. */
-static void report_failure(FastSpan *self) {
+/* Is the pending error a KeyboardInterrupt / SystemExit / GeneratorExit (not an Exception)? Those are the job's:
+ * the Python wrappers catch only Exception, so they propagate from there too. */
+static inline int pending_is_base_only(void) {
+    return PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception);
+}
+
+/* Clear a pending Exception (a lookup that failed: the caller falls back); -1 leaves a BaseException set. */
+static inline int clear_exception(void) {
+    if (pending_is_base_only()) return -1;
+    PyErr_Clear();
+    return 0;
+}
+
+/* st.fail(current exception) and clear it: ranktrace's own failure, tracing goes off, the job goes on.
+ * Returns -1 (error left set) when the pending error is not an Exception: that one belongs to the job. */
+static int report_failure(FastSpan *self) {
+    if (pending_is_base_only()) return -1;
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
     if (value == NULL) { value = Py_None; Py_INCREF(value); }
     PyObject *r = PyObject_CallMethodOneArg(self->st, s_fail, value);
     Py_XDECREF(r);
-    PyErr_Clear();
     Py_XDECREF(type); Py_XDECREF(value); Py_XDECREF(tb);
+    return clear_exception();  /* st.fail's own error, if any: dropped unless it is the job's */
 }
 
 static inline PyObject *st_attr(FastSpan *self, PyObject *key) { /* borrowed or NULL (absent or error) */
@@ -203,13 +218,17 @@ static int ts_set(PyObject *ts, int which, PyObject *v) {
  * The cache holds the tls object strongly, so its address cannot be reused by another one (a forked child's
  * TraceState gets a new tls, hence a miss). New reference; NULL with an error set; None when not made yet. */
 static __thread PyObject *tl_tls, *tl_ts;
+static __thread uint64_t tl_tstate_id; /* threading.local data lives per Python thread state: a native thread that
+                                          enters Python again may get a new one, with a new _Thread object */
 
 static PyObject *thread_state(PyObject *tls) {
-    if (tls == tl_tls && tl_ts != NULL) return Py_NewRef(tl_ts);
+    uint64_t tid = PyThreadState_GetID(PyThreadState_Get());
+    if (tls == tl_tls && tl_ts != NULL && tid == tl_tstate_id) return Py_NewRef(tl_ts);
     PyObject *ts = PyObject_GetAttr(tls, s_ts);
     if (ts != NULL && ts != Py_None) {
         Py_XSETREF(tl_tls, Py_NewRef(tls));
         Py_XSETREF(tl_ts, Py_NewRef(ts));
+        tl_tstate_id = tid;
     }
     return ts;
 }
@@ -271,27 +290,33 @@ static int tensor_ids(FastSpan *self, PyObject *t, Call *c) {
         if (PySequence_Fast_GET_SIZE(t) == 0) return PREP_SLOW;
         t = PySequence_Fast_GET_ITEM(t, 0);
     }
+    Py_INCREF(t); /* the list may change while a tensor subclass's getters run Python */
     PyObject *dtype = PyObject_GetAttr(t, s_dtype);
-    if (dtype == NULL) { PyErr_Clear(); return PREP_SLOW; }
-    PyObject *shape = PyObject_GetAttr(t, s_shape);
-    if (shape == NULL) { Py_DECREF(dtype); PyErr_Clear(); return PREP_SLOW; }
-    if (dtype == self->k_dtype && self->k_shape != NULL && Py_TYPE(shape) == Py_TYPE(self->k_shape)) {
-        int eq = shape == self->k_shape ? 1 : PyObject_RichCompareBool(shape, self->k_shape, Py_EQ);
-        if (eq < 0) PyErr_Clear();
+    PyObject *shape = dtype == NULL ? NULL : PyObject_GetAttr(t, s_shape);
+    Py_DECREF(t);
+    if (shape == NULL) {
+        Py_XDECREF(dtype);
+        return clear_exception() < 0 ? PREP_FAIL : PREP_SLOW;
+    }
+    PyObject *kshape = Py_XNewRef(self->k_shape);
+    if (dtype == self->k_dtype && kshape != NULL && Py_TYPE(shape) == Py_TYPE(kshape)) {
+        int eq = shape == kshape ? 1 : PyObject_RichCompareBool(shape, kshape, Py_EQ);
+        if (eq < 0 && clear_exception() < 0) { Py_DECREF(kshape); Py_DECREF(dtype); Py_DECREF(shape); return PREP_FAIL; }
         if (eq == 1) {
+            Py_DECREF(kshape);
             Py_DECREF(dtype); Py_DECREF(shape);
             c->dt = self->k_ids[0]; c->sh = self->k_ids[1]; c->nb = self->k_ids[2];
             return PREP_OK;
         }
     }
+    Py_XDECREF(kshape);
     PyObject *key = PyTuple_Pack(2, dtype, shape);
     if (key == NULL) { Py_DECREF(dtype); Py_DECREF(shape); return PREP_FAIL; }
     PyObject *ids = PyDict_GetItemWithError(self->tensor_ids, key);
     Py_DECREF(key);
     if (ids == NULL || !PyTuple_Check(ids) || PyTuple_GET_SIZE(ids) != 3) {
         Py_DECREF(dtype); Py_DECREF(shape);
-        PyErr_Clear(); /* an unhashable shape: the Python path decides */
-        return PREP_SLOW;
+        return clear_exception() < 0 ? PREP_FAIL : PREP_SLOW; /* an unhashable shape: the Python path decides */
     }
     int err = 0;
     c->dt = as_ll(PyTuple_GET_ITEM(ids, 0), &err);
@@ -358,7 +383,7 @@ static int prepare(FastSpan *self, PyObject *const *args, Py_ssize_t nargs, PyOb
                 PyObject *world = st_attr(self, s_c10d_world);
                 if (world == NULL || world == Py_None) return PyErr_Occurred() ? PREP_FAIL : PREP_SLOW;
                 pg = PyObject_GetAttr(world, s_default_pg);
-                if (pg == NULL) { PyErr_Clear(); return PREP_SLOW; }
+                if (pg == NULL) return clear_exception() < 0 ? PREP_FAIL : PREP_SLOW;
                 if (pg == Py_None) { Py_DECREF(pg); return PREP_SLOW; } /* not initialised: the call raises */
                 c->pg = pg;
             }
@@ -417,13 +442,19 @@ static void fill(FastSpan *self, Call *c, Slot *s, int kind, long long bseq) {
     s->parent_span_id = c->parent;
 }
 
-/* reader(pg) as an int; -1 with the error cleared when the read fails. */
+/* reader(pg) as an int; *ok = 0 with the error cleared when the read fails with an Exception, *ok = -1 with the
+ * error left set when it is the job's (KeyboardInterrupt from a signal handler, ...). */
 static long long read_counter(Call *c, int *ok) {
     PyObject *v = PyObject_CallOneArg(c->reader, c->pg);
-    if (v == NULL) { PyErr_Clear(); *ok = 0; return 0; }
-    long long n = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    if (n == -1 && PyErr_Occurred()) { PyErr_Clear(); *ok = 0; return 0; }
+    long long n = -1;
+    if (v != NULL) {
+        n = PyLong_AsLongLong(v);
+        Py_DECREF(v);
+    }
+    if (v == NULL || (n == -1 && PyErr_Occurred())) {
+        *ok = clear_exception() < 0 ? -1 : 0;
+        return 0;
+    }
     *ok = 1;
     return n;
 }
@@ -446,6 +477,7 @@ static int enter(FastSpan *self, Call *c) {
         if (c->reader != NULL) { /* the backend counter moved since our last op on this group: ops we never saw */
             int ok;
             long long before = read_counter(c, &ok);
+            if (ok < 0) return -1;
             if (ok) {
                 PyObject *gid = PyTuple_GET_ITEM(c->g, 1);
                 PyObject *last = PyDict_GetItemWithError(self->last, gid);
@@ -479,28 +511,31 @@ static int enter(FastSpan *self, Call *c) {
     return write_slot(c->ring, &s);
 }
 
-/* ERROR record through st.put (rare: cost does not matter); the job's exception is kept aside meanwhile. */
-static void record_error(FastSpan *self, Call *c, PyObject *exc) {
+/* ERROR record through st.put (rare: cost does not matter); the job's exception is kept aside meanwhile.
+ * Returns -1 with an error set when a KeyboardInterrupt (or the like) arrived meanwhile: it propagates instead,
+ * as it would from the Python wrapper's error path. */
+static int record_error(FastSpan *self, Call *c, PyObject *exc) {
     if (c->g != NULL) {
         if (PyDict_DelItem(self->last, PyTuple_GET_ITEM(c->g, 1)) < 0) PyErr_Clear();
     }
     PyObject *eid = PyObject_CallFunctionObjArgs(self->error_id, self->st, exc, NULL);
-    if (eid == NULL) { report_failure(self); return; }
+    if (eid == NULL) return report_failure(self);
     PyObject *put = PyObject_GetAttr(self->st, s_put);
-    if (put == NULL) { Py_DECREF(eid); report_failure(self); return; }
+    if (put == NULL) { Py_DECREF(eid); return report_failure(self); }
     PyObject *r = PyObject_CallFunction(put, "iiiLLLLLOiiLLLLLL", 2, self->cat, c->flags, self->name_id, c->gid,
                                         c->cs, c->dt, c->sh, eid, (int)N32, (int)N32, c->seq, (long long)N64,
                                         c->nb, c->span, c->parent, c->tid);
     Py_DECREF(put);
     Py_DECREF(eid);
-    if (r == NULL) { report_failure(self); return; }
+    if (r == NULL) return report_failure(self);
     Py_DECREF(r);
+    return 0;
 }
 
-/* The wrapped callable, held for the call (__wrapped__ may be reassigned meanwhile from another thread). */
+/* The wrapped callable, held for the call (_retarget may replace it meanwhile from another thread). */
 static inline PyObject *call_orig(FastSpan *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     PyObject *orig = self->orig;
-    if (orig == NULL) return PyErr_Format(PyExc_TypeError, "ranktrace wrapper has no __wrapped__");
+    if (orig == NULL) return PyErr_Format(PyExc_TypeError, "ranktrace wrapper has nothing to call");
     Py_INCREF(orig);
     PyObject *r = PyObject_Vectorcall(orig, args, nargsf, kwnames);
     Py_DECREF(orig);
@@ -565,8 +600,17 @@ static PyObject *fastspan_vectorcall(PyObject *op, PyObject *const *args, size_t
         PyErr_Fetch(&type, &value, &tb);
         PyErr_NormalizeException(&type, &value, &tb);
         if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
-        record_error(self, &c, value != NULL ? value : Py_None);
-        PyErr_Restore(type, value, tb);
+        if (record_error(self, &c, value != NULL ? value : Py_None) < 0) {
+            /* a KeyboardInterrupt while recording: it propagates, the call's own exception as its context */
+            PyObject *t2, *v2, *tb2;
+            PyErr_Fetch(&t2, &v2, &tb2);
+            PyErr_NormalizeException(&t2, &v2, &tb2);
+            if (v2 != NULL && value != NULL) PyException_SetContext(v2, Py_NewRef(value));
+            Py_XDECREF(type); Py_XDECREF(value); Py_XDECREF(tb);
+            PyErr_Restore(t2, v2, tb2);
+        } else {
+            PyErr_Restore(type, value, tb);
+        }
         call_clear(&c);
         self->n_fast++;
         return NULL;
@@ -577,6 +621,7 @@ static PyObject *fastspan_vectorcall(PyObject *op, PyObject *const *args, size_t
             int ok;
             long long n = read_counter(&c, &ok);
             PyObject *gid = PyTuple_GET_ITEM(c.g, 1);
+            if (ok < 0) goto fail_after;
             if (!ok) {
                 if (PyDict_DelItem(self->last, gid) < 0) PyErr_Clear();
             } else {
@@ -617,8 +662,11 @@ static PyObject *fastspan_vectorcall(PyObject *op, PyObject *const *args, size_t
     return result;
 
 fail_after:
-    report_failure(self);
     call_clear(&c);
+    if (report_failure(self) < 0) { /* the job's KeyboardInterrupt: the result is dropped, as in Python */
+        Py_DECREF(result);
+        return NULL;
+    }
     return result;
 
 slow_checked:
@@ -629,13 +677,14 @@ slow:
     return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
 
 fail_before:
-    report_failure(self);
     call_clear(&c);
+    if (report_failure(self) < 0) return NULL; /* the job's KeyboardInterrupt: propagates, the call does not run */
     return call_orig(self, args, nargsf, kwnames);
 }
 
 /* --- type plumbing ---------------------------------------------------------------------------------------- */
 static int fastspan_traverse(FastSpan *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->dict); Py_VISIT(self->st); Py_VISIT(self->st_dict); Py_VISIT(self->slow); Py_VISIT(self->orig);
     Py_VISIT(self->name); Py_VISIT(self->tensor_kw); Py_VISIT(self->error_id); Py_VISIT(self->groups);
     Py_VISIT(self->seqs); Py_VISIT(self->last); Py_VISIT(self->code_info); Py_VISIT(self->tensor_ids);
@@ -655,7 +704,9 @@ static void fastspan_dealloc(FastSpan *self) {
     PyObject_GC_UnTrack(self);
     if (self->weaklist != NULL) PyObject_ClearWeakRefs((PyObject *)self);
     fastspan_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    PyTypeObject *tp = Py_TYPE(self);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
 }
 
 static PyObject *fastspan_descr_get(PyObject *self, PyObject *obj, PyObject *type) {
@@ -706,12 +757,38 @@ static PyObject *fastspan_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     return (PyObject *)self;
 }
 
+/* Copied and pickled as the function it stands for is: copy/deepcopy return it, pickle stores its name (its
+ * __module__ / __qualname__, set by tracer.state._finish), so a job that deep-copies or saves an object holding
+ * dist.all_reduce or torch.cuda.synchronize behaves as without ranktrace. */
+static PyObject *fastspan_reduce(PyObject *self, PyObject *unused) {
+    return PyObject_GetAttrString(self, "__qualname__");
+}
+
+static PyObject *fastspan_copy(PyObject *self, PyObject *unused) { return Py_NewRef(self); }
+
+static PyObject *fastspan_deepcopy(PyObject *self, PyObject *memo) { return Py_NewRef(self); }
+
+/* Tests drive GPU-only calls through stand-ins: point this wrapper (not its Python twin) at another callable. */
+static PyObject *fastspan_retarget(PyObject *op, PyObject *fn) {
+    if (!PyCallable_Check(fn)) return PyErr_Format(PyExc_TypeError, "not callable");
+    FastSpan *self = (FastSpan *)op;
+    Py_XSETREF(self->orig, Py_NewRef(fn));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef fastspan_methods[] = {
+    {"__reduce__", fastspan_reduce, METH_NOARGS, NULL},
+    {"__copy__", fastspan_copy, METH_NOARGS, NULL},
+    {"__deepcopy__", fastspan_deepcopy, METH_O, NULL},
+    {"_retarget", fastspan_retarget, METH_O, "call `fn` instead of the wrapped callable (tests)"},
+    {NULL},
+};
+
 static PyMemberDef fastspan_members[] = {
     {"__dictoffset__", T_PYSSIZET, offsetof(FastSpan, dict), READONLY},
     {"__weaklistoffset__", T_PYSSIZET, offsetof(FastSpan, weaklist), READONLY},
     {"__vectorcalloffset__", T_PYSSIZET, offsetof(FastSpan, vectorcall), READONLY},
     {"slow", T_OBJECT, offsetof(FastSpan, slow), READONLY, "the Python wrapper every unusual call goes to"},
-    {"__wrapped__", T_OBJECT_EX, offsetof(FastSpan, orig), 0, "the wrapped callable (settable, like a function's)"},
     {"fast_calls", T_LONGLONG, offsetof(FastSpan, n_fast), READONLY, "calls recorded by the compiled path"},
     {"slow_calls", T_LONGLONG, offsetof(FastSpan, n_slow), READONLY, "calls handed to the Python wrapper"},
     {NULL},
@@ -730,6 +807,7 @@ static PyType_Slot fastspan_slots[] = {
     {Py_tp_call, PyVectorcall_Call},
     {Py_tp_descr_get, fastspan_descr_get},
     {Py_tp_members, fastspan_members},
+    {Py_tp_methods, fastspan_methods},
     {Py_tp_getset, fastspan_getset},
     {Py_tp_doc, "A traced call's compiled fast path (see tracer/_fastspan.c); unusual calls go to .slow."},
     {0, NULL},

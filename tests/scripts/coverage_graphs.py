@@ -62,7 +62,7 @@ def swap_inner(wrapper, replacement) -> None:
     slow = getattr(wrapper, "slow", None)
     if slow is not None:  # the compiled fast path (tracer/_fastspan.c) calls its __wrapped__; unusual calls go to slow
         swap_inner(slow, replacement)
-        wrapper.__wrapped__ = replacement
+        wrapper._retarget(replacement)
         return
     for cell in wrapper.__closure__:
         if cell.cell_contents is wrapper.__wrapped__:
