@@ -308,3 +308,40 @@ def test_untraced_marks_spill_to_op_slots_after_the_first_notes(tmp_path: Path):
     assert len(meta_rows) == hooks.MAX_GAP_NOTES and "jumped from 0 to 3 on group 0" in meta_rows[0]["detail"]
     assert [(r["kind"], r["group"], r["backend_seq"], r["seq"]) for r in slot_rows] == [
         ("mark", "0", 10 * hooks.MAX_GAP_NOTES + 3, None), ("mark", "0", 10 * hooks.MAX_GAP_NOTES + 13, None)]
+
+
+def test_no_capture_begins_while_the_agent_dumps_the_flight_recorder(tmp_path: Path):
+    """The FR dump may read CUDA events; a capture that began meanwhile would be invalidated. The agent holds the
+    gate around the dump; a capture start waits for it, and a dump asked during a start is skipped."""
+    import threading
+    import time as _time
+
+    from tracer import hooks
+    from tracer.recorder import Recorder
+
+    st = hooks.TraceState(lambda: Recorder(str(tmp_path / "g.ring"), slots=64), 0, 1)
+    began: list[float] = []
+
+    class Graph:
+        pass
+
+    begin = hooks.make_capture_wrapper(st, "capture_begin", lambda self: began.append(_time.monotonic()))
+    released: list[float] = []
+    inside = threading.Event()
+
+    def dump() -> None:
+        with st.no_capture_starts() as capture_open:
+            assert capture_open is False
+            inside.set()
+            _time.sleep(0.3)  # the Flight Recorder dump
+            released.append(_time.monotonic())
+
+    agent = threading.Thread(target=dump)
+    agent.start()
+    inside.wait(5)
+    begin(Graph())  # the job starts a capture while the dump runs: it waits
+    agent.join()
+    assert began and released and began[0] >= released[0]
+    assert st.capturing is not None and st.capture_pending == 0
+    with st.no_capture_starts() as capture_open:  # now a capture is open: the agent would not dump
+        assert capture_open is True

@@ -40,8 +40,10 @@ def test_agent_answers_from_a_long_trace_dir_and_never_dumps_fr_during_a_capture
         "from tracer import agent\n"
         "def waiting_in_c():\n"
         "    time.sleep(30)\n"
-        f"assert agent.start({str(deep)!r}, lambda: 5, lambda: True, print)\n"
-        f"assert not agent.start({str(deep)!r}, lambda: 5, lambda: True, print)\n"
+        "import contextlib\n"
+        "gate = lambda: contextlib.nullcontext(True)  # a capture is open\n"
+        f"assert agent.start({str(deep)!r}, lambda: 5, gate, print)\n"
+        f"assert not agent.start({str(deep)!r}, lambda: 5, gate, print)\n"
         "threading.Thread(target=waiting_in_c, name='worker', daemon=True).start()\n"
         "time.sleep(0.2)\n"
         f"ans = agent.ask(agent.socket_path({str(deep)!r}, __import__('os').getpid()))\n"
@@ -57,3 +59,24 @@ def test_agent_answers_from_a_long_trace_dir_and_never_dumps_fr_during_a_capture
     assert set(names) == {"MainThread", "worker"}  # the agent leaves itself out
     assert [f["name"] for f in names["worker"]["frames"]][:1] == ["waiting_in_c"]
     assert names["worker"]["active"] is False and names["MainThread"]["frames"][0]["name"] == "ask"
+
+
+def test_a_client_that_leaves_early_never_kills_the_rank_with_sigpipe(tmp_path: Path):
+    """A job may restore SIGPIPE's default action (CLI code does); a burst that gave up on an answer must not make
+    the agent's write kill the rank."""
+    script = (
+        "import os, signal, socket, time\n"
+        "from tracer import agent\n"
+        "signal.signal(signal.SIGPIPE, signal.SIG_DFL)\n"
+        "import contextlib\n"
+        f"agent.start({str(tmp_path)!r}, lambda: 0, lambda: contextlib.nullcontext(False), print)\n"
+        "for _ in range(50):\n"
+        "    s = socket.socket(socket.AF_UNIX)\n"
+        f"    agent._via_dir_fd(agent.socket_path({str(tmp_path)!r}, os.getpid()), s.connect)\n"
+        "    s.sendall(b'dump\\n')\n"
+        "    s.close()\n"
+        "time.sleep(1)\n"
+        "print('alive')\n"
+    )
+    res = subprocess.run([PY, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO, env=trace_env())
+    assert res.returncode == 0 and res.stdout.strip() == "alive", (res.returncode, res.stderr[-1000:])

@@ -52,9 +52,11 @@ def _via_dir_fd(path: Path, use: Callable[[str], Any]) -> Any:
         os.close(fd)
 
 
-def start(host_dir: Path | str, rank_of: Callable[[], int | None], capture_open: Callable[[], bool],
+def start(host_dir: Path | str, rank_of: Callable[[], int | None], capture_gate: Callable[[], Any],
           note: Callable[[str], None]) -> bool:
-    """Start this process's agent (once per process). `rank_of` and `capture_open` are read at each request."""
+    """Start this process's agent (once per process). `rank_of` is read at each request; `capture_gate()` is a
+    context manager held around the Flight Recorder dump that yields True when a CUDA graph capture is open or
+    starting (tracer.state.TraceState.no_capture_starts: no capture can begin while it is held)."""
     global _started_in
     pid = os.getpid()
     if _started_in == pid:
@@ -74,8 +76,10 @@ def start(host_dir: Path | str, rank_of: Callable[[], int | None], capture_open:
     except Exception as e:  # no agent, the job goes on; the ring says why
         note(f"agent not started: {type(e).__name__}: {e}")
         return False
-    t = threading.Thread(target=_serve, args=(srv, rank_of, capture_open), name=THREAD_NAME, daemon=True)
+    t = threading.Thread(target=_serve, args=(srv, rank_of, capture_gate), name=THREAD_NAME, daemon=True)
     t.start()
+    # a forked child (a DataLoader worker) has no agent thread: it must not keep the listening socket open either
+    os.register_at_fork(after_in_child=srv.close)
     import atexit
 
     atexit.register(_remove, path, pid)
@@ -90,7 +94,7 @@ def _remove(path: Path, pid: int) -> None:
             pass
 
 
-def _serve(srv: socket.socket, rank_of: Callable[[], int | None], capture_open: Callable[[], bool]) -> None:
+def _serve(srv: socket.socket, rank_of: Callable[[], int | None], capture_gate: Callable[[], Any]) -> None:
     while True:
         try:
             conn, _ = srv.accept()
@@ -103,15 +107,17 @@ def _serve(srv: socket.socket, rank_of: Callable[[], int | None], capture_open: 
                 if req not in (REQUEST.strip(), STACKS_REQUEST.strip()):
                     continue
                 try:
-                    body = json.dumps(_answer(rank_of, capture_open, with_fr=req == REQUEST.strip()), default=str)
+                    body = json.dumps(_answer(rank_of, capture_gate, with_fr=req == REQUEST.strip()), default=str)
                 except Exception as e:  # still answer: the burst says what went wrong
                     body = json.dumps({"pid": os.getpid(), "threads": [], "error": f"{type(e).__name__}: {e}"})
-                conn.sendall(body.encode())
+                # MSG_NOSIGNAL: a client gone meanwhile is EPIPE here, never a SIGPIPE that kills a job which
+                # restored SIGPIPE's default action
+                conn.sendall(body.encode(), socket.MSG_NOSIGNAL)
         except Exception:  # a client gone mid-answer: wait for the next one
             continue
 
 
-def _answer(rank_of: Callable[[], int | None], capture_open: Callable[[], bool], with_fr: bool = True
+def _answer(rank_of: Callable[[], int | None], capture_gate: Callable[[], Any], with_fr: bool = True
             ) -> dict[str, Any]:
     out: dict[str, Any] = {"pid": os.getpid(), "rank": None, "wall_ns": time.time_ns(), "threads": [],
                            "fr": None, "fr_note": None}
@@ -125,9 +131,10 @@ def _answer(rank_of: Callable[[], int | None], capture_open: Callable[[], bool],
         out["stacks_note"] = f"{type(e).__name__}: {e}"
     if not with_fr:
         return out
-    if capture_open():
-        out["fr_note"] = "a CUDA graph capture is open: Flight Recorder not dumped (it may read CUDA events)"
-    else:
+    with capture_gate() as capture_open:
+        if capture_open:
+            out["fr_note"] = "a CUDA graph capture is open: Flight Recorder not dumped (it may read CUDA events)"
+            return out
         ext = sys.modules.get("torch._C._distributed_c10d")
         dump = getattr(ext, "_dump_fr_trace_json", None)
         if dump is None:

@@ -128,7 +128,7 @@ def install() -> None:
         if os.environ.get("RANKTRACE_AGENT", "1") != "0":  # a process that records gets a responder (tracer.agent)
             from . import agent
 
-            agent.start(trace_dir, lambda: state.rank, lambda: state.capturing is not None,
+            agent.start(trace_dir, lambda: state.rank, state.no_capture_starts,
                         lambda detail: state.note("agent", detail))
 
     state.rec_created = rec_created  # type: ignore[attr-defined]

@@ -323,7 +323,7 @@ def dump_all(pyspy: str, pids: list[int], *, native: bool = False, timeout: floa
     return {d.pid: d for d in dumps}
 
 
-def agent_dumps(host_dir: Path, pids: list[int], *, timeout: float = 3.0) -> dict[int, StackDump]:
+def agent_dumps(host_dir: Path, pids: list[int], *, timeout: float = 1.0) -> dict[int, StackDump]:
     """Stacks of every pid that has an in-rank agent (tracer.agent), asked concurrently; no FR (cheap, periodic).
     For processes py-spy cannot read (ptrace denied, py-spy missing)."""
     from tracer import agent

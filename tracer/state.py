@@ -5,13 +5,14 @@ tracer.hooks for the rules they keep).
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 import os
 import sys
 import threading
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from . import redact
 from .recorder import Recorder
@@ -128,6 +129,8 @@ class TraceState:
         # graph id while a CUDA graph capture is open (tracer.graphs): process-wide, for the no-CUDA-call rule
         self.capturing: int | None = None
         self.capture_tid = 0  # the thread that opened it: only its ops are captured (capturing_for)
+        self.capture_pending = 0  # capture starts under way (torch.cuda.graph.__enter__ / capture_begin running)
+        self.fr_lock = threading.Lock()  # see no_capture_starts
         self.capture_span = 0
         self.open_captures: dict[tuple[str, int], tuple[int, int, int, Any]] = {}
         self.graph_ids: dict[int, tuple[Any, int]] = {}
@@ -178,6 +181,23 @@ class TraceState:
         Another thread's op meanwhile (a background comm thread) runs for real: it keeps its seq."""
         gid = self.capturing
         return gid if gid is not None and tid == self.capture_tid else None
+
+    @contextlib.contextmanager
+    def no_capture_starts(self) -> Iterator[bool]:
+        """Held by the agent while it asks torch for the Flight Recorder, which may read CUDA events: no capture
+        can begin meanwhile (the capture-start wrappers wait for it, a few ms at most), and it tells whether one is
+        open or starting — then the agent does not ask at all (DESIGN §2: no CUDA call while a capture is open)."""
+        with self.fr_lock:
+            yield self.capturing is not None or self.capture_pending > 0
+
+    def capture_starting(self) -> None:
+        """A capture-start wrapper is about to call torch: waits out an agent's Flight Recorder dump."""
+        with self.fr_lock:
+            self.capture_pending += 1
+
+    def capture_started(self) -> None:
+        """The capture-start call returned or raised (st.capturing is set by then when it opened)."""
+        self.capture_pending = max(0, self.capture_pending - 1)
 
     def new_thread(self) -> _Thread:
         ts = self.tls.ts = _Thread()

@@ -79,9 +79,11 @@ def make_graph_enter_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callab
             return orig(self)
         local.depth += 1
         local.in_graph_ctx += 1
+        st.capture_starting()
         try:
             result = orig(self)
         except BaseException as e:
+            st.capture_started()
             local.depth -= 1
             local.in_graph_ctx -= 1
             try:
@@ -92,6 +94,7 @@ def make_graph_enter_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callab
         local.depth -= 1
         local.in_graph_ctx -= 1
         _begin_capturing(st, opened[1], opened[0])
+        st.capture_started()
         st.open_captures[("ctx", id(self))] = opened
         return result
 
@@ -152,9 +155,13 @@ def make_capture_wrapper(st: TraceState, which: str, orig: Callable[..., Any]) -
             st.fail(e)
             return orig(self, *args, **kwargs)
         local.depth += 1
+        if begin:
+            st.capture_starting()
         try:
             result = orig(self, *args, **kwargs)
         except BaseException as e:
+            if begin:
+                st.capture_started()
             local.depth -= 1
             try:
                 if opened is not None:
@@ -175,6 +182,9 @@ def make_capture_wrapper(st: TraceState, which: str, orig: Callable[..., Any]) -
                 st.capturing = None
         except Exception as e:
             st.fail(e)
+        finally:
+            if begin:
+                st.capture_started()
         return result
 
     return _finish(capture, orig, name=which)
