@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -267,3 +268,59 @@ def test_a_job_reading_the_terminal_gets_it_instead_of_stopping(tmp_path: Path):
     text = out.decode(errors="replace")
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, text[-2000:]
     assert "got hello" in text and "the job reads the terminal" in text
+
+
+def test_ctrl_z_on_a_job_that_has_the_terminal_suspends_trace_run_and_fg_resumes_it(tmp_path: Path):
+    """Once the job has the terminal, Ctrl-Z stops the job's group: `trace run` takes the terminal back and stops
+    itself, so the shell sees its job suspended; continued (fg), it gives the terminal back and the job goes on."""
+    import pty
+    import select
+
+    job = ("import sys; print('prompt>', flush=True); line = sys.stdin.readline(); "
+           "print('got', line.strip(), flush=True)")
+    argv = TRACE + ["run", "--no-analyze", "-o", str(tmp_path / "r"), "--", PY, "-c", job]
+    pid, master = pty.fork()
+    if pid == 0:
+        os.chdir(str(Path(__file__).resolve().parents[1]))
+        os.execve(argv[0], argv, trace_env())
+    out = b""
+
+    def read_until(marker: bytes, seconds: float) -> None:
+        nonlocal out
+        end = time.monotonic() + seconds
+        while marker not in out and time.monotonic() < end:
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    out += os.read(master, 4096)
+                except OSError:
+                    return
+
+    try:
+        read_until(b"the job reads the terminal", 30)
+        assert b"the job reads the terminal" in out, out.decode(errors="replace")
+        os.write(master, b"\x1a")  # Ctrl-Z, typed while the job waits for its line
+        stopped = False
+        end = time.monotonic() + 10
+        while not stopped and time.monotonic() < end:
+            got, status = os.waitpid(pid, os.WNOHANG | os.WUNTRACED)
+            stopped = got == pid and os.WIFSTOPPED(status)
+            time.sleep(0.05)
+        assert stopped, "trace run did not suspend itself: " + out.decode(errors="replace")
+        os.kill(pid, signal.SIGCONT)  # the shell's `fg` (trace run's group still owns the terminal)
+        time.sleep(0.5)
+        os.write(master, b"hello\n")
+        read_until(b"got hello", 30)
+        status = None
+        end = time.monotonic() + 15
+        while status is None and time.monotonic() < end:
+            got, st = os.waitpid(pid, os.WNOHANG)
+            status = st if got == pid else None
+            time.sleep(0.05)
+        assert status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, out.decode(errors="replace")
+        assert b"got hello" in out
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.close(master)

@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 from tracer import envplan, hostinfo, meta
 from tracer.monitor import Monitor, MonitorOptions
 from tracer.statusline import StatusLine
+from tracer.terminal import JobTerminal, foreground_tty
 
 __all__ = ["RunOptions", "LaunchError", "RunOutcome", "prepare_run_dir", "launch", "exit_code_of", "describe_exit"]
 
@@ -270,6 +271,10 @@ def launch(
 
     killed: list[float] = []
 
+    def ticked() -> None:
+        term.on_tick()
+        on_tick()
+
     def _close_monitor() -> None:
         nonlocal mon
         m, mon = mon, None
@@ -287,41 +292,21 @@ def launch(
     gpu_thread = threading.Thread(target=lambda: gpu_box.setdefault("info", hostinfo.probe_gpus()), daemon=True)
     if not gpu_child:
         gpu_thread.start()
-    tty = _foreground_tty()
-    handed: list[int] = []
 
-    def on_stop(sig: int) -> None:
-        """The job is in its own process group, so a rank reading the terminal (breakpoint(), input(), pdb) gets
-        SIGTTIN — which a job started from the shell never would. Do what a shell does for a foreground job: hand
-        it the terminal and continue it. From then on Ctrl-C reaches the job directly, and silence is a person
-        at a prompt, not a hang."""
-        if sig not in (signal.SIGTTIN, signal.SIGTTOU) or tty is None or handed:
-            return  # stopped by someone else (SIGSTOP), or no terminal of ours: as it would be without ranktrace
-        try:
-            _give_terminal(tty, pgid)
-        except OSError as e:
-            log(f"the job stopped to read the terminal, which could not be handed to it: {e}")
-            return
-        handed.append(sig)
-        signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # our own lines, now from the background, even under `tostop`
+    def first_handover() -> None:
         status.enabled = False
-        log("the job reads the terminal: it has it now (Ctrl-C goes to the job directly; hang detection paused)")
         if mon is not None:
-            mon.interactive = "the job has the terminal"
-        send(signal.SIGCONT)
+            mon.interactive = "the job has the terminal"  # a person at a prompt is silent, not hung
+
+    term = JobTerminal(foreground_tty(), pgid, send, log, first_handover)
 
     hang_detected = False
     try:
-        returncode = _wait(proc.pid, on_tick, tick_s, on_stop)
+        returncode = _wait(proc.pid, ticked, tick_s, term.on_stop)
         proc.returncode = returncode
         _reap_leftovers(pgid)
     finally:
-        if handed and tty is not None:
-            try:
-                _give_terminal(tty, os.getpgrp())  # ours again, for the report and the shell after us
-            except OSError:
-                pass
-            signal.signal(signal.SIGTTOU, signal.SIG_DFL)
+        term.restore()  # the terminal and our modes are ours again, for the report and the shell after us
         for s, h in previous.items():
             signal.signal(s, h)
         if started is not None:
@@ -388,24 +373,6 @@ def _wait(pid: int, on_tick: Callable[[], None], tick_s: float,
                 on_stop(stop.si_status)
             on_tick()
             time.sleep(tick_s)
-
-
-def _foreground_tty() -> int | None:
-    """fd 0 when it is a terminal whose foreground process group is ours (`trace run` typed at a shell prompt)."""
-    try:
-        return 0 if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp() else None
-    except OSError:
-        return None
-
-
-def _give_terminal(fd: int, pgid: int) -> None:
-    """Make `pgid` the terminal's foreground group. SIGTTOU is ignored meanwhile: a background caller (our own
-    group, once the job has the terminal) would otherwise be stopped by tcsetpgrp itself."""
-    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
-    try:
-        os.tcsetpgrp(fd, pgid)
-    finally:
-        signal.signal(signal.SIGTTOU, old)
 
 
 def _reap_leftovers(pgid: int, grace_s: float = 5.0) -> None:
