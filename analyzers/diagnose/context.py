@@ -188,9 +188,10 @@ def _group_ranks(events: pa.Table) -> dict[str, tuple[int, ...]]:
 
 
 def _op_pids(events: pa.Table, rank_pids: dict[int, set[int]]) -> dict[int, int]:
-    """rank -> the pid that issued most of its ops (collective, p2p, init records): its real process, not a helper
-    that inherited RANK (those may write a ring too, but issue nothing). Only ranks with several pids are looked at
-    (a pass over their events alone: most jobs have none)."""
+    """rank -> the pid that issued its latest op (collective, p2p, init records): its real process now — not a
+    helper that inherited RANK (those may write a ring too, but issue nothing), and not the dead first attempt of
+    an elastic restart. Only ranks with several pids are looked at (a pass over their events alone: most jobs have
+    none)."""
     shared = sorted(p for pids in rank_pids.values() if len(pids) > 1 for p in pids)
     if not events.num_rows or not shared:
         return {}
@@ -199,12 +200,13 @@ def _op_pids(events: pa.Table, rank_pids: dict[int, set[int]]) -> dict[int, int]
                               pc.is_in(mine["category"], value_set=pa.array(["collective", "p2p", "init"]))))
     if not ops.num_rows:
         return {}
-    counts = ops.group_by(["rank", "pid"], use_threads=False).aggregate([("pid", "count")])
+    latest = ops.group_by(["rank", "pid"], use_threads=False).aggregate([("t_ns", "max")])
     best: dict[int, tuple[int, int]] = {}
-    for r, p, n in zip(counts["rank"].to_pylist(), counts["pid"].to_pylist(), counts["pid_count"].to_pylist()):
-        if r not in best or (n, -p) > (best[r][1], -best[r][0]):
-            best[r] = (p, n)
-    return {r: p for r, (p, _n) in best.items()}
+    for r, p, t in zip(latest["rank"].to_pylist(), latest["pid"].to_pylist(), latest["t_ns_max"].to_pylist()):
+        t = t if t is not None else -1
+        if r not in best or t > best[r][1]:
+            best[r] = (p, t)
+    return {r: p for r, (p, _t) in best.items()}
 
 
 def _wrapped(events: pa.Table) -> frozenset[int]:
