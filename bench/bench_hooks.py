@@ -21,7 +21,8 @@ thread wake-ups, and ~1 us of extra work per op shows up as several us of wall t
 untraced and traced jobs (``dist.all_reduce`` as users call it) are also timed, alternated; on a 2-vCPU machine
 those differ by more than tracing costs from one run to the next.
 
-Times: thread CPU time for part 1 (robust to other load), wall time for part 2 (what the job sees).
+Times: thread CPU time for part 1 (robust to other load), wall time for part 2 (what the job sees), with the
+calling thread's CPU time added per op in the loop beside it (caches are cold after a real op: ~2x part 1).
 Targets (issue #3): <= 1 us added per call; <= 2 % at world size 2.
 """
 from __future__ import annotations
@@ -189,10 +190,12 @@ def loop_worker(rank: int, world: int, rounds: int, per_batch: int, out_path: st
             for _ in range(20):  # warm this path's caches (first calls from a call site go to Python)
                 fn(t)
             dist.barrier()
+            c0 = time.thread_time_ns()
             t0 = time.perf_counter_ns()
             for _ in range(per_batch):
                 fn(t)
             means[mode].append((time.perf_counter_ns() - t0) / per_batch)
+            means.setdefault(f"cpu:{mode}", []).append((time.thread_time_ns() - c0) / per_batch)
     if st is not None:
         st.enabled = True
     if rank == 0:
@@ -241,6 +244,7 @@ def loops(quick: bool, control_ns: float) -> dict[str, float]:
         plain: list[float] = []
         user: list[float] = []
         inproc: dict[str, list[float]] = {"bare": [], "compiled": [], "python": [], "control": []}
+        cpu: dict[str, list[float]] = {"compiled": [], "python": [], "control": []}  # main-thread CPU added per op
         ratios: dict[str, list[float]] = {"compiled": [], "python": [], "control": []}
         for _ in range(jobs):  # alternate separate jobs, so drift in machine load hits both sides alike
             plain.append(statistics.median(run_loop(world, False, rounds, per_batch)["plain"]))
@@ -251,6 +255,7 @@ def loops(quick: bool, control_ns: float) -> dict[str, float]:
                     inproc[mode].extend(traced[mode])
                     if mode != "bare":
                         ratios[mode].extend(x / y for x, y in zip(traced[mode], traced["bare"]))
+                        cpu[mode].extend(x - y for x, y in zip(traced[f"cpu:{mode}"], traced["cpu:bare"]))
         p, u = statistics.median(plain), statistics.median(user)
         out[f"world{world}_untraced_us"] = p / 1000
         out[f"world{world}_traced_us"] = u / 1000
@@ -262,6 +267,8 @@ def loops(quick: bool, control_ns: float) -> dict[str, float]:
                 out[f"world{world}_{mode}_ratio"] = statistics.median(ratios[mode])
                 out[f"world{world}_{mode}_added_us"] = statistics.median(
                     (x - y) / 1000 for x, y in zip(inproc[mode], inproc["bare"]))
+            if cpu[mode]:
+                out[f"world{world}_{mode}_cpu_added_us"] = statistics.median(cpu[mode]) / 1000
     return out
 
 
@@ -297,7 +304,8 @@ def main() -> int:
         for mode in ("compiled", "control", "python"):
             if f"world{world}_{mode}_ratio" in res:
                 line += (f" | {mode} {res[f'world{world}_{mode}_us']:7.2f} us, +{res[f'world{world}_{mode}_added_us']:.2f}"
-                         f" us, ratio {res[f'world{world}_{mode}_ratio']:.3f}")
+                         f" us, ratio {res[f'world{world}_{mode}_ratio']:.3f}, CPU "
+                         f"+{res.get(f'world{world}_{mode}_cpu_added_us', float('nan')):.2f} us")
         print(line)
         print(f"           separate jobs, dist.all_reduce: untraced {res[f'world{world}_untraced_us']:7.2f} us, traced "
               f"{res[f'world{world}_traced_us']:7.2f} us, ratio {res[f'world{world}_jobs_ratio']:.3f} (noisy)")
