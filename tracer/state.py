@@ -22,7 +22,8 @@ __all__ = [  # everything, private names included: tracer.hooks re-exports this 
     "OP_SPECS", "INIT_OPS", "COALESCING_MANAGER", "_SENDS", "_ALWAYS_ASYNC", "UNTRACED", "MAX_GAP_NOTES",
     "MAX_SHAPES", "MAX_META_SPANS", "_WORK_PURGE", "_ENTER", "_EXIT", "_ERROR", "_COMPLETE", "_MARK", "_C_COLL",
     "_C_P2P", "_C_GRAPH", "_C_SYNC", "_F_CAPTURING", "_F_ASYNC", "_Skip", "_Thread", "_TLS", "_Group", "TraceState",
-    "_counter_reader", "_int_env", "_positions", "error_text", "_error_id", "_callsite_text", "_finish", "CAT",
+    "_counter_reader", "_int_env", "_positions", "error_text", "_error_id", "_run_slot_span", "_callsite_text",
+    "_finish", "CAT",
     "COMMIT", "KIND", "N32", "N64", "PACK", "SLOT_SIZE", "SlotWriter", "ring_parts", "slot_writer", "redact",
     "Recorder",
 ]
@@ -481,6 +482,45 @@ def error_text(err: BaseException) -> str:
 def _error_id(st: TraceState, err: BaseException) -> int:
     return st.rec.intern(error_text(err))
 
+
+
+def _run_slot_span(st: TraceState, local: _Thread, orig: Callable[..., Any], args: tuple, kwargs: dict,
+                   rec: tuple, nv: Any, *, guard: bool) -> Any:
+    """The call half every op-record wrapper shares, after it wrote its ENTER record: call `orig`, then write EXIT —
+    or ERROR with the exception's text and re-raise it unchanged. `rec` is the ENTER record's fields after the kind
+    (category, flags, name, group, call site, dtype, shape, error, peer, graph, seq, backend_seq, nbytes, span,
+    parent, tid). `guard`: hold the depth guard (a leaf span: calls inside are not recorded); otherwise make the
+    span the thread's current one (a container: calls inside are recorded as its children). A failure of
+    ranktrace's own here turns tracing off (TraceState.fail) and never reaches the job."""
+    if guard:
+        local.depth = 1
+    else:
+        local.span = rec[13]
+    try:
+        result = orig(*args, **kwargs)
+    except BaseException as e:
+        if guard:
+            local.depth = 0
+        else:
+            local.span = rec[14]
+        try:
+            if nv is not None:
+                nv.pop()
+            st.put(_ERROR, *rec[:7], _error_id(st, e), *rec[8:])
+        except Exception as e2:
+            st.fail(e2)
+        raise
+    if guard:
+        local.depth = 0
+    else:
+        local.span = rec[14]
+    try:
+        if nv is not None:
+            nv.pop()
+        st.put(_EXIT, *rec)
+    except Exception as e:
+        st.fail(e)
+    return result
 
 
 def _callsite_text(st: TraceState, frame: Any) -> str | None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-from .state import (N32, N64, TraceState, _C_GRAPH, _C_SYNC, _ENTER, _ERROR, _EXIT, _F_CAPTURING, _callsite_text,
-    _error_id, _finish, error_text)
+from .state import (N32, N64, TraceState, _C_GRAPH, _C_SYNC, _ENTER, _F_CAPTURING, _callsite_text, _finish,
+                    _run_slot_span, error_text)
 from .wrap_ops import _with_fastpath, _MODE_SYNC
 
 __all__ = [  # everything, private names included: tracer.hooks re-exports this module whole
@@ -209,36 +209,15 @@ def make_replay_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callable[..
             name_id = nid[0] or st.name_id("replay")
             nid[0] = name_id
             cs = st.callsite(sys._getframe(1))
-            span = st.new_span()
-            parent = local.span
-            st.put(_ENTER, _C_GRAPH, 0, name_id, 0, cs, 0, 0, 0, N32, gid, seq, N64, N64, span, parent, tid)
+            rec = (_C_GRAPH, 0, name_id, 0, cs, 0, 0, 0, N32, gid, seq, N64, N64, st.new_span(), local.span, tid)
+            st.put(_ENTER, *rec)
             nv = st.nv
             if nv is not None:
                 nv.push(f"replay graph={gid} seq={seq}")
         except Exception as e:
             st.fail(e)
             return orig(self, *args, **kwargs)
-        local.depth = 1
-        try:
-            result = orig(self, *args, **kwargs)
-        except BaseException as e:
-            local.depth = 0
-            try:
-                if nv is not None:
-                    nv.pop()
-                st.put(_ERROR, _C_GRAPH, 0, name_id, 0, cs, 0, 0, _error_id(st, e), N32, gid, seq, N64, N64, span,
-                       parent, tid)
-            except Exception as e2:
-                st.fail(e2)
-            raise
-        local.depth = 0
-        try:
-            if nv is not None:
-                nv.pop()
-            st.put(_EXIT, _C_GRAPH, 0, name_id, 0, cs, 0, 0, 0, N32, gid, seq, N64, N64, span, parent, tid)
-        except Exception as e:
-            st.fail(e)
-        return result
+        return _run_slot_span(st, local, orig, (self, *args), kwargs, rec, nv, guard=True)
 
     return _finish(replay, orig, name="replay")
 
@@ -259,38 +238,17 @@ def make_sync_wrapper(st: TraceState, name: str, orig: Callable[..., Any]) -> Ca
             name_id = nid[0] or st.name_id(name)
             nid[0] = name_id
             cs = st.callsite(sys._getframe(1))
-            span = st.new_span()
-            parent = local.span
             capturing = st.capturing_for(tid)
             flags, graph = (0, N32) if capturing is None else (_F_CAPTURING, capturing)
-            st.put(_ENTER, _C_SYNC, flags, name_id, 0, cs, 0, 0, 0, N32, graph, N64, N64, N64, span, parent, tid)
+            rec = (_C_SYNC, flags, name_id, 0, cs, 0, 0, 0, N32, graph, N64, N64, N64, st.new_span(), local.span, tid)
+            st.put(_ENTER, *rec)
             nv = st.nv
             if nv is not None:
                 nv.push(name)
         except Exception as e:
             st.fail(e)
             return orig(*args, **kwargs)
-        local.depth = 1
-        try:
-            result = orig(*args, **kwargs)
-        except BaseException as e:
-            local.depth = 0
-            try:
-                if nv is not None:
-                    nv.pop()
-                st.put(_ERROR, _C_SYNC, flags, name_id, 0, cs, 0, 0, _error_id(st, e), N32, graph, N64, N64, N64,
-                       span, parent, tid)
-            except Exception as e2:
-                st.fail(e2)
-            raise
-        local.depth = 0
-        try:
-            if nv is not None:
-                nv.pop()
-            st.put(_EXIT, _C_SYNC, flags, name_id, 0, cs, 0, 0, 0, N32, graph, N64, N64, N64, span, parent, tid)
-        except Exception as e:
-            st.fail(e)
-        return result
+        return _run_slot_span(st, local, orig, args, kwargs, rec, nv, guard=True)
 
     return _finish(_with_fastpath(st, _finish(sync, orig), orig, name, _MODE_SYNC, "sync"), orig)
 

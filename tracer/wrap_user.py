@@ -9,7 +9,7 @@ import weakref
 from typing import Any, Callable
 
 from .state import (CAT, MAX_META_SPANS, N32, N64, TraceState, _C_COLL, _ENTER, _ERROR, _EXIT, _F_CAPTURING,
-    _callsite_text, _error_id, _finish, error_text)
+                    _callsite_text, _error_id, _finish, _run_slot_span, error_text)
 from .wrap_ops import _nv_text
 from .wrap_graphs import _meta_span_call
 
@@ -187,33 +187,14 @@ def _slot_span_call(st: TraceState, name: str, cat: int, grp: tuple[int, str] | 
             if capturing is None:
                 seq = st.seq.get(grp[1], 0) + 1
                 st.seq[grp[1]] = seq
-        st.put(_ENTER, cat, flags, name_id, gid, cs, 0, 0, 0, N32, graph, seq, N64, N64, span, parent, tid)
+        rec = (cat, flags, name_id, gid, cs, 0, 0, 0, N32, graph, seq, N64, N64, span, parent, tid)
+        st.put(_ENTER, *rec)
         nv = st.nv
         if nv is not None:
             nv.push(_nv_text(name, grp[1], seq, None) if grp is not None else name)
     except Exception as e:
         st.fail(e)
         return orig(*args, **kwargs)
-    local.span = span
-    try:
-        result = orig(*args, **kwargs)
-    except BaseException as e:
-        local.span = parent
-        try:
-            if nv is not None:
-                nv.pop()
-            st.put(_ERROR, cat, flags, name_id, gid, cs, 0, 0, _error_id(st, e), N32, graph, seq, N64, N64, span,
-                   parent, tid)
-        except Exception as e2:
-            st.fail(e2)
-        raise
-    local.span = parent
-    try:
-        if nv is not None:
-            nv.pop()
-        st.put(_EXIT, cat, flags, name_id, gid, cs, 0, 0, 0, N32, graph, seq, N64, N64, span, parent, tid)
-    except Exception as e:
-        st.fail(e)
-    return result
+    return _run_slot_span(st, local, orig, args, kwargs, rec, nv, guard=False)
 
 
