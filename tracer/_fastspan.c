@@ -214,21 +214,23 @@ static int ts_set(PyObject *ts, int which, PyObject *v) {
     return PyObject_SetAttr(ts, *ts_names[which], v);
 }
 
-/* This thread's object, cached per (thread, TraceState.tls): a threading.local read costs ~570 instructions.
- * The cache holds the tls object strongly, so its address cannot be reused by another one (a forked child's
- * TraceState gets a new tls, hence a miss). New reference; NULL with an error set; None when not made yet. */
-static __thread PyObject *tl_tls, *tl_ts;
-static __thread uint64_t tl_tstate_id; /* threading.local data lives per Python thread state: a native thread that
-                                          enters Python again may get a new one, with a new _Thread object */
+/* This thread's object, cached for the last Python thread state that asked: a threading.local read costs ~570
+ * instructions. One global slot, read and written under the GIL (no C thread-local storage: in a dlopen'ed module
+ * that goes through __tls_get_addr); another thread's call simply replaces it. Keyed by the thread state's unique
+ * id (a native thread that enters Python again gets a new one, and a new threading.local object) and by the tls
+ * object, held strongly so its address cannot be reused (a forked child's TraceState gets a new tls: a miss).
+ * New reference; NULL with an error set; None when not made yet. */
+static PyObject *c_tls, *c_ts;
+static uint64_t c_tstate_id;
 
 static PyObject *thread_state(PyObject *tls) {
     uint64_t tid = PyThreadState_GetID(PyThreadState_Get());
-    if (tls == tl_tls && tl_ts != NULL && tid == tl_tstate_id) return Py_NewRef(tl_ts);
+    if (tid == c_tstate_id && tls == c_tls && c_ts != NULL) return Py_NewRef(c_ts);
     PyObject *ts = PyObject_GetAttr(tls, s_ts);
     if (ts != NULL && ts != Py_None) {
-        Py_XSETREF(tl_tls, Py_NewRef(tls));
-        Py_XSETREF(tl_ts, Py_NewRef(ts));
-        tl_tstate_id = tid;
+        Py_XSETREF(c_tls, Py_NewRef(tls));
+        Py_XSETREF(c_ts, Py_NewRef(ts));
+        c_tstate_id = tid;
     }
     return ts;
 }
