@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -270,54 +271,82 @@ def test_a_job_reading_the_terminal_gets_it_instead_of_stopping(tmp_path: Path):
     assert "got hello" in text and "the job reads the terminal" in text
 
 
-def test_ctrl_z_on_a_job_that_has_the_terminal_suspends_trace_run_and_fg_resumes_it(tmp_path: Path):
-    """Once the job has the terminal, Ctrl-Z stops the job's group: `trace run` takes the terminal back and stops
-    itself, so the shell sees its job suspended; continued (fg), it gives the terminal back and the job goes on."""
+def _pty_session(argv: list[str], env: dict[str, str]) -> tuple[int, int]:
     import pty
+
+    pid, master = pty.fork()
+    if pid == 0:  # a session leader whose controlling terminal is the pty
+        os.chdir(str(Path(__file__).resolve().parents[1]))
+        os.execve(argv[0], argv, env)
+    return pid, master
+
+
+def _read_until(master: int, out: bytearray, marker: bytes, seconds: float) -> bool:
     import select
 
+    end = time.monotonic() + seconds
+    while marker not in out and time.monotonic() < end:
+        if select.select([master], [], [], 0.2)[0]:
+            try:
+                out += os.read(master, 4096)
+            except OSError:
+                break
+    return marker in out
+
+
+def test_ctrl_z_under_a_shell_suspends_trace_run_and_fg_resumes_the_job(tmp_path: Path):
+    """Under an interactive bash (job control), Ctrl-Z on a job that has the terminal stops `trace run` as the
+    shell's job; `fg` resumes it, the terminal goes back to the job, and the job reads its line."""
+    job = ("import sys; print('prompt>', flush=True); line = sys.stdin.readline(); "
+           "print('got', line.strip(), flush=True)")
+    cmd = " ".join(TRACE + ["run", "--no-analyze", "-o", str(tmp_path / "r"), "--", PY, "-c", repr(job)])
+    bash = shutil.which("bash")
+    assert bash
+    pid, master = _pty_session([bash, "--norc", "--noprofile", "-i"], dict(trace_env(), PS1="$ ", TERM="dumb"))
+    out = bytearray()
+    try:
+        assert _read_until(master, out, b"$ ", 10)
+        os.write(master, cmd.encode() + b"\n")
+        assert _read_until(master, out, b"the job reads the terminal", 30), out.decode(errors="replace")
+        os.write(master, b"\x1a")  # Ctrl-Z while the job waits for its line
+        assert _read_until(master, out, b"Stopped", 10), out.decode(errors="replace")
+        del out[:]
+        os.write(master, b"fg\n")
+        time.sleep(1.0)
+        os.write(master, b"hello\n")
+        assert _read_until(master, out, b"got hello", 30), out.decode(errors="replace")
+        assert _read_until(master, out, b"$ ", 15)  # trace run ended and the shell has its terminal back
+        os.write(master, b"exit\n")
+        os.waitpid(pid, 0)
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.close(master)
+
+
+def test_ctrl_z_without_a_job_control_shell_is_dropped_as_it_would_be(tmp_path: Path):
+    """`trace run` straight in a terminal session (tmux, ssh -t, docker exec): no shell will ever continue a
+    stopped group, so Ctrl-Z must not stop anything for good — the job reads its line and ends."""
     job = ("import sys; print('prompt>', flush=True); line = sys.stdin.readline(); "
            "print('got', line.strip(), flush=True)")
     argv = TRACE + ["run", "--no-analyze", "-o", str(tmp_path / "r"), "--", PY, "-c", job]
-    pid, master = pty.fork()
-    if pid == 0:
-        os.chdir(str(Path(__file__).resolve().parents[1]))
-        os.execve(argv[0], argv, trace_env())
-    out = b""
-
-    def read_until(marker: bytes, seconds: float) -> None:
-        nonlocal out
-        end = time.monotonic() + seconds
-        while marker not in out and time.monotonic() < end:
-            if select.select([master], [], [], 0.2)[0]:
-                try:
-                    out += os.read(master, 4096)
-                except OSError:
-                    return
-
+    pid, master = _pty_session(argv, trace_env())
+    out = bytearray()
     try:
-        read_until(b"the job reads the terminal", 30)
-        assert b"the job reads the terminal" in out, out.decode(errors="replace")
-        os.write(master, b"\x1a")  # Ctrl-Z, typed while the job waits for its line
-        stopped = False
-        end = time.monotonic() + 10
-        while not stopped and time.monotonic() < end:
-            got, status = os.waitpid(pid, os.WNOHANG | os.WUNTRACED)
-            stopped = got == pid and os.WIFSTOPPED(status)
-            time.sleep(0.05)
-        assert stopped, "trace run did not suspend itself: " + out.decode(errors="replace")
-        os.kill(pid, signal.SIGCONT)  # the shell's `fg` (trace run's group still owns the terminal)
-        time.sleep(0.5)
+        assert _read_until(master, out, b"the job reads the terminal", 30), out.decode(errors="replace")
+        os.write(master, b"\x1a")
+        time.sleep(1.0)
         os.write(master, b"hello\n")
-        read_until(b"got hello", 30)
+        assert _read_until(master, out, b"got hello", 20), out.decode(errors="replace")
         status = None
         end = time.monotonic() + 15
         while status is None and time.monotonic() < end:
             got, st = os.waitpid(pid, os.WNOHANG)
             status = st if got == pid else None
             time.sleep(0.05)
-        assert status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, out.decode(errors="replace")
-        assert b"got hello" in out
+        assert status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     finally:
         try:
             os.kill(pid, signal.SIGKILL)

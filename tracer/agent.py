@@ -79,7 +79,7 @@ def start(host_dir: Path | str, rank_of: Callable[[], int | None], capture_gate:
     t = threading.Thread(target=_serve, args=(srv, rank_of, capture_gate), name=THREAD_NAME, daemon=True)
     t.start()
     # a forked child (a DataLoader worker) has no agent thread: it must not keep the listening socket open either
-    os.register_at_fork(after_in_child=srv.close)
+    os.register_at_fork(after_in_child=lambda: (srv.close(), _close_inherited()))
     import atexit
 
     atexit.register(_remove, path, pid)
@@ -94,12 +94,25 @@ def _remove(path: Path, pid: int) -> None:
             pass
 
 
+_serving: list[socket.socket] = []  # the connection being answered now (closed in a child forked meanwhile)
+
+
+def _close_inherited() -> None:
+    for conn in _serving:
+        try:
+            conn.close()
+        except OSError:
+            pass
+    _serving.clear()
+
+
 def _serve(srv: socket.socket, rank_of: Callable[[], int | None], capture_gate: Callable[[], Any]) -> None:
     while True:
         try:
             conn, _ = srv.accept()
         except OSError:
             return
+        _serving[:] = [conn]
         try:
             with conn:
                 conn.settimeout(2.0)
@@ -115,6 +128,8 @@ def _serve(srv: socket.socket, rank_of: Callable[[], int | None], capture_gate: 
                 conn.sendall(body.encode(), socket.MSG_NOSIGNAL)
         except Exception:  # a client gone mid-answer: wait for the next one
             continue
+        finally:
+            _serving.clear()
 
 
 def _answer(rank_of: Callable[[], int | None], capture_gate: Callable[[], Any], with_fr: bool = True

@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 from tracer import envplan, hostinfo, meta
 from tracer.monitor import Monitor, MonitorOptions
 from tracer.statusline import StatusLine
-from tracer.terminal import JobTerminal, foreground_tty
+from tracer.terminal import JobTerminal, controlling_tty
 
 __all__ = ["RunOptions", "LaunchError", "RunOutcome", "prepare_run_dir", "launch", "exit_code_of", "describe_exit"]
 
@@ -298,7 +298,7 @@ def launch(
         if mon is not None:
             mon.interactive = "the job has the terminal"  # a person at a prompt is silent, not hung
 
-    term = JobTerminal(foreground_tty(), pgid, send, log, first_handover)
+    term = JobTerminal(controlling_tty(), pgid, send, log, first_handover)
 
     hang_detected = False
     try:

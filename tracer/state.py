@@ -197,8 +197,11 @@ class TraceState:
             self.capture_pending += 1
 
     def capture_started(self) -> None:
-        """The capture-start call returned or raised (st.capturing is set by then when it opened)."""
-        self.capture_pending = max(0, self.capture_pending - 1)
+        """The capture-start call returned or raised (st.capturing is set by then when it opened). Under the lock:
+        two threads starting captures at once must not lose a count (never waits on a dump: one cannot start
+        while a capture start is pending)."""
+        with self.fr_lock:
+            self.capture_pending = max(0, self.capture_pending - 1)
 
     def new_thread(self) -> _Thread:
         ts = self.tls.ts = _Thread()
@@ -226,6 +229,8 @@ class TraceState:
         self.ring = None
         self.tls = _TLS()
         self._spans = itertools.count(1)
+        self.fr_lock = threading.Lock()  # the fork may have landed during the parent agent's dump: never held here
+        self.capture_pending = 0
         self.code_info.clear()
         self.tensor_ids.clear()
         self.groups.clear()

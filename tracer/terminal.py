@@ -21,13 +21,17 @@ import signal
 import termios
 from typing import Any, Callable
 
-__all__ = ["JobTerminal", "foreground_tty", "give_terminal"]
+__all__ = ["JobTerminal", "controlling_tty", "give_terminal"]
 
 
-def foreground_tty() -> int | None:
-    """fd 0 when it is a terminal whose foreground process group is ours (`trace run` typed at a shell prompt)."""
+def controlling_tty() -> int | None:
+    """fd 0 when it is our session's terminal (whether or not we are its foreground group right now: `trace run &`
+    may be brought to the foreground later). None under nohup (stdin /dev/null) or setsid (no controlling tty)."""
     try:
-        return 0 if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp() else None
+        if not os.isatty(0):
+            return None
+        os.tcgetpgrp(0)  # ENOTTY when it is not our controlling terminal
+        return 0
     except OSError:
         return None
 
@@ -53,11 +57,14 @@ class JobTerminal:
         self._ours: list[Any] | None = None   # our terminal modes, taken at the first hand-over
         self._prev_ttou: Any = None
 
-    def _foreground(self) -> bool:
+    def _held_by(self, pgid: int) -> bool:
         try:
-            return self.fd is not None and os.tcgetpgrp(self.fd) == os.getpgrp()
+            return self.fd is not None and os.tcgetpgrp(self.fd) == pgid
         except OSError:
             return False
+
+    def _foreground(self) -> bool:
+        return self._held_by(os.getpgrp())
 
     def on_stop(self, sig: int) -> None:
         """The job's process was stopped by `sig` (tracer.launcher's wait loop saw it)."""
@@ -75,10 +82,12 @@ class JobTerminal:
             self._hand_over()
 
     def restore(self) -> None:
-        """The job is over: the terminal and our modes are ours again."""
+        """The job is over: the terminal and our modes are ours again — if the job still has it (after Ctrl-Z and
+        `bg` the shell has it, and must keep it)."""
         if not self.handed:
             return
-        self._take_back()
+        if self._held_by(self.pgid):
+            self._take_back()
         signal.signal(signal.SIGTTOU, self._prev_ttou if self._prev_ttou is not None else signal.SIG_DFL)
 
     # --- internals ------------------------------------------------------------------------------------------
@@ -116,15 +125,20 @@ class JobTerminal:
                 pass
 
     def _suspend(self) -> None:
-        """Ctrl-Z stopped the job: the shell must see *its* job (us) stopped and get the terminal back."""
+        """Ctrl-Z stopped the job: the shell must see *its* job (our process group: us, and a `| tee` beside us)
+        stopped and get the terminal back. SIGTSTP to our group, not SIGSTOP to ourselves: when no job-control
+        shell is above us (tmux/ssh/docker exec straight into `trace run`) our group is orphaned and the kernel
+        drops it — as it drops Ctrl-Z for the same job started without ranktrace — and the job just goes on."""
         assert self.fd is not None
+        if not self._held_by(self.pgid):
+            return  # not from the terminal the job holds (a `kill -TSTP` while we are in the background)
         try:
             job_modes: list[Any] | None = termios.tcgetattr(self.fd)
         except termios.error:
             job_modes = None
         self._take_back()
-        os.kill(os.getpid(), signal.SIGSTOP)
-        # continued: by `fg` (the shell gave us the terminal) or by `bg`
+        os.killpg(os.getpgrp(), signal.SIGTSTP)
+        # continued (or never stopped): by `fg` (the shell gave us the terminal) or by `bg`
         if self._foreground():
             if job_modes is not None:
                 try:

@@ -77,25 +77,26 @@ def make_graph_enter_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callab
         except Exception as e:
             st.fail(e)
             return orig(self)
-        local.depth += 1
-        local.in_graph_ctx += 1
-        st.capture_starting()
+        st.capture_starting()  # first: it may wait out an agent's Flight Recorder dump (see TraceState)
         try:
-            result = orig(self)
-        except BaseException as e:
-            st.capture_started()
+            local.depth += 1
+            local.in_graph_ctx += 1
+            try:
+                result = orig(self)
+            except BaseException as e:
+                local.depth -= 1
+                local.in_graph_ctx -= 1
+                try:
+                    _close_capture(st, *opened, e)
+                except Exception as e2:
+                    st.fail(e2)
+                raise
             local.depth -= 1
             local.in_graph_ctx -= 1
-            try:
-                _close_capture(st, *opened, e)
-            except Exception as e2:
-                st.fail(e2)
-            raise
-        local.depth -= 1
-        local.in_graph_ctx -= 1
-        _begin_capturing(st, opened[1], opened[0])
-        st.capture_started()
-        st.open_captures[("ctx", id(self))] = opened
+            _begin_capturing(st, opened[1], opened[0])
+            st.open_captures[("ctx", id(self))] = opened
+        finally:
+            st.capture_started()
         return result
 
     return _finish(__enter__, orig, name="__enter__")
@@ -154,9 +155,9 @@ def make_capture_wrapper(st: TraceState, which: str, orig: Callable[..., Any]) -
         except Exception as e:
             st.fail(e)
             return orig(self, *args, **kwargs)
-        local.depth += 1
         if begin:
-            st.capture_starting()
+            st.capture_starting()  # first: it may wait out an agent's Flight Recorder dump (see TraceState)
+        local.depth += 1
         try:
             result = orig(self, *args, **kwargs)
         except BaseException as e:
