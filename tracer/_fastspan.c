@@ -581,7 +581,10 @@ static PyObject *fastspan_vectorcall(PyObject *op, PyObject *const *args, size_t
         PyObject *spo = PyLong_FromLongLong(c.span);
         if (spo == NULL || ts_set(c.ts, TS_SPAN, spo) < 0) {
             Py_XDECREF(spo);
-            ts_set(c.ts, TS_DEPTH, small_zero);
+            PyObject *type, *value, *tb;  /* undo the guard with the error kept aside, then report it */
+            PyErr_Fetch(&type, &value, &tb);
+            if (ts_set(c.ts, TS_DEPTH, small_zero) < 0) PyErr_Clear();
+            PyErr_Restore(type, value, tb);
             goto fail_before;
         }
         Py_DECREF(spo);
