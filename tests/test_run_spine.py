@@ -222,55 +222,6 @@ def test_rings_readable_while_hung_then_ctrl_c_leaves_no_orphans(tmp_path: Path)
         proc.wait(timeout=10)
 
 
-def test_a_job_reading_the_terminal_gets_it_instead_of_stopping(tmp_path: Path):
-    """`trace run` typed at a terminal puts the job in its own process group; a rank that then reads the terminal
-    (input(), breakpoint(), pdb) would be stopped by SIGTTIN forever. The launcher hands it the terminal, as a shell
-    does for a foreground job, and takes it back at the end."""
-    import pty
-    import select
-
-    job = ("import sys; print('prompt>', flush=True); line = sys.stdin.readline(); "
-           "print('got', line.strip(), flush=True)")
-    argv = TRACE + ["run", "--no-analyze", "-o", str(tmp_path / "r"), "--", PY, "-c", job]
-    env = trace_env()
-    pid, master = pty.fork()
-    if pid == 0:  # the child: a session leader whose controlling terminal is the pty, as at a shell prompt
-        os.chdir(str(Path(__file__).resolve().parents[1]))
-        os.execve(argv[0], argv, env)
-    out = b""
-    sent = False
-    deadline = time.monotonic() + 30
-    try:
-        while time.monotonic() < deadline and b"got hello" not in out:
-            ready, _, _ = select.select([master], [], [], 0.5)
-            if ready:
-                try:
-                    chunk = os.read(master, 4096)
-                except OSError:  # EIO: every process on the pty is gone
-                    break
-                if not chunk:
-                    break
-                out += chunk
-            if not sent and b"prompt>" in out:
-                os.write(master, b"hello\n")
-                sent = True
-        status = None
-        while status is None and time.monotonic() < deadline + 5:
-            got, st = os.waitpid(pid, os.WNOHANG)
-            status = st if got == pid else None
-            time.sleep(0.05)
-        assert status is not None, "trace run never returned: " + out.decode(errors="replace")[-2000:]
-    finally:
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
-        os.close(master)
-    text = out.decode(errors="replace")
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, text[-2000:]
-    assert "got hello" in text and "the job reads the terminal" in text
-
-
 def _pty_session(argv: list[str], env: dict[str, str]) -> tuple[int, int]:
     import pty
 
@@ -279,6 +230,29 @@ def _pty_session(argv: list[str], env: dict[str, str]) -> tuple[int, int]:
         os.chdir(str(Path(__file__).resolve().parents[1]))
         os.execve(argv[0], argv, env)
     return pid, master
+
+
+READ_A_LINE = ("import sys; print('prompt>', flush=True); line = sys.stdin.readline(); "
+               "print('got', line.strip(), flush=True)")
+
+
+def _wait_exit(pid: int, seconds: float) -> int | None:
+    """The wait status of `pid` once it exits within `seconds`, else None."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        got, status = os.waitpid(pid, os.WNOHANG)
+        if got == pid:
+            return status
+        time.sleep(0.05)
+    return None
+
+
+def _end_session(pid: int, master: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os.close(master)
 
 
 def _read_until(master: int, out: bytearray, marker: bytes, seconds: float) -> bool:
@@ -294,12 +268,28 @@ def _read_until(master: int, out: bytearray, marker: bytes, seconds: float) -> b
     return marker in out
 
 
+def test_a_job_reading_the_terminal_gets_it_instead_of_stopping(tmp_path: Path):
+    """`trace run` typed at a terminal puts the job in its own process group; a rank that then reads the terminal
+    (input(), breakpoint(), pdb) would be stopped by SIGTTIN forever. The launcher hands it the terminal, as a shell
+    does for a foreground job, and takes it back at the end."""
+    argv = TRACE + ["run", "--no-analyze", "-o", str(tmp_path / "r"), "--", PY, "-c", READ_A_LINE]
+    pid, master = _pty_session(argv, trace_env())
+    out = bytearray()
+    try:
+        assert _read_until(master, out, b"prompt>", 30), out.decode(errors="replace")
+        os.write(master, b"hello\n")
+        assert _read_until(master, out, b"got hello", 30), out.decode(errors="replace")
+        status = _wait_exit(pid, 15)
+    finally:
+        _end_session(pid, master)
+    assert status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, out.decode(errors="replace")
+    assert b"the job reads the terminal" in out
+
+
 def test_ctrl_z_under_a_shell_suspends_trace_run_and_fg_resumes_the_job(tmp_path: Path):
     """Under an interactive bash (job control), Ctrl-Z on a job that has the terminal stops `trace run` as the
     shell's job; `fg` resumes it, the terminal goes back to the job, and the job reads its line."""
-    job = ("import sys; print('prompt>', flush=True); line = sys.stdin.readline(); "
-           "print('got', line.strip(), flush=True)")
-    cmd = " ".join(TRACE + ["run", "--no-analyze", "-o", str(tmp_path / "r"), "--", PY, "-c", repr(job)])
+    cmd = " ".join(TRACE + ["run", "--no-analyze", "-o", str(tmp_path / "r"), "--", PY, "-c", repr(READ_A_LINE)])
     bash = shutil.which("bash")
     assert bash
     pid, master = _pty_session([bash, "--norc", "--noprofile", "-i"], dict(trace_env(), PS1="$ ", TERM="dumb"))
@@ -319,19 +309,13 @@ def test_ctrl_z_under_a_shell_suspends_trace_run_and_fg_resumes_the_job(tmp_path
         os.write(master, b"exit\n")
         os.waitpid(pid, 0)
     finally:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        os.close(master)
+        _end_session(pid, master)
 
 
 def test_ctrl_z_without_a_job_control_shell_is_dropped_as_it_would_be(tmp_path: Path):
     """`trace run` straight in a terminal session (tmux, ssh -t, docker exec): no shell will ever continue a
     stopped group, so Ctrl-Z must not stop anything for good — the job reads its line and ends."""
-    job = ("import sys; print('prompt>', flush=True); line = sys.stdin.readline(); "
-           "print('got', line.strip(), flush=True)")
-    argv = TRACE + ["run", "--no-analyze", "-o", str(tmp_path / "r"), "--", PY, "-c", job]
+    argv = TRACE + ["run", "--no-analyze", "-o", str(tmp_path / "r"), "--", PY, "-c", READ_A_LINE]
     pid, master = _pty_session(argv, trace_env())
     out = bytearray()
     try:
@@ -340,16 +324,7 @@ def test_ctrl_z_without_a_job_control_shell_is_dropped_as_it_would_be(tmp_path: 
         time.sleep(1.0)
         os.write(master, b"hello\n")
         assert _read_until(master, out, b"got hello", 20), out.decode(errors="replace")
-        status = None
-        end = time.monotonic() + 15
-        while status is None and time.monotonic() < end:
-            got, st = os.waitpid(pid, os.WNOHANG)
-            status = st if got == pid else None
-            time.sleep(0.05)
+        status = _wait_exit(pid, 15)
         assert status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     finally:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        os.close(master)
+        _end_session(pid, master)
