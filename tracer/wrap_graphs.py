@@ -61,6 +61,25 @@ def _close_capture(st: TraceState, span: int, gid: int, parent: int, nv: Any, er
     st.rebaseline(check=False)  # captured collectives moved backend counters; they are not untraced ops
 
 
+def _graph_ctx_call(st: TraceState, local: Any, opened: tuple[int, int, int, Any], call: Callable[[], Any]) -> Any:
+    """torch.cuda.graph's own __enter__ / __exit__ under the depth guard (its synchronize / capture_begin / end
+    inside are not recorded separately); when it raises, the capture span closes as an error and the exception
+    goes on unchanged."""
+    local.depth += 1
+    local.in_graph_ctx += 1
+    try:
+        return call()
+    except BaseException as e:
+        try:
+            _close_capture(st, *opened, e)
+        except Exception as e2:
+            st.fail(e2)
+        raise
+    finally:
+        local.depth -= 1
+        local.in_graph_ctx -= 1
+
+
 def make_graph_enter_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callable[..., Any]:
     """``torch.cuda.graph.__enter__``: opens the capture span at the user's ``with`` line; torch's own
     synchronize / capture_begin inside it are not recorded separately."""
@@ -79,20 +98,7 @@ def make_graph_enter_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callab
             return orig(self)
         st.capture_starting()  # first: it may wait out an agent's Flight Recorder dump (see TraceState)
         try:
-            local.depth += 1
-            local.in_graph_ctx += 1
-            try:
-                result = orig(self)
-            except BaseException as e:
-                local.depth -= 1
-                local.in_graph_ctx -= 1
-                try:
-                    _close_capture(st, *opened, e)
-                except Exception as e2:
-                    st.fail(e2)
-                raise
-            local.depth -= 1
-            local.in_graph_ctx -= 1
+            result = _graph_ctx_call(st, local, opened, lambda: orig(self))
             _begin_capturing(st, opened[1], opened[0])
             st.open_captures[("ctx", id(self))] = opened
         finally:
@@ -112,20 +118,7 @@ def make_graph_exit_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callabl
         opened = st.open_captures.pop(("ctx", id(self)), None)
         if opened is None or not st.enabled:
             return orig(self, *args)
-        local.depth += 1
-        local.in_graph_ctx += 1
-        try:
-            result = orig(self, *args)
-        except BaseException as e:
-            local.depth -= 1
-            local.in_graph_ctx -= 1
-            try:
-                _close_capture(st, *opened, e)
-            except Exception as e2:
-                st.fail(e2)
-            raise
-        local.depth -= 1
-        local.in_graph_ctx -= 1
+        result = _graph_ctx_call(st, local, opened, lambda: orig(self, *args))
         try:
             _close_capture(st, *opened, None)
         except Exception as e:
