@@ -297,7 +297,9 @@ def test_ring_tail_skips_a_slot_the_writer_is_inside(tmp_path: Path, monkeypatch
                 os.close(fd)
             return data
 
-    monkeypatch.setattr(samplers, "open", lambda p, mode="r": Racing(real_open(p, mode)), raising=False)
+    from tracer import ring_tail
+
+    monkeypatch.setattr(ring_tail, "open", lambda p, mode="r": Racing(real_open(p, mode)), raising=False)
     tail.update()
     assert fired and tail.group_seq == {"0": 3} and tail.newest == 3  # the half-rewritten record was not applied
     monkeypatch.undo()
