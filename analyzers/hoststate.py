@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["RankStack", "latest_stacks", "classify", "is_poller", "application_frame", "HOST_STATES"]
+__all__ = ["RankStack", "latest_stacks", "classify", "is_poller", "application_frame", "without_tracer", "HOST_STATES"]
 
 HOST_STATES = ("host_sync_wait", "in_collective", "blocked_other", "idle_loop", "running", "exited", "unknown")
 
@@ -52,6 +52,13 @@ TRACER_FRAME = re.compile(r"[(/]tracer/(hooks|state|wrap_\w+|agent)\.py")
 _LIBRARY = re.compile(r"site-packages|dist-packages|/lib/python\d|[(/]torch/|<frozen|^<|\(threading\.py|\(queue\.py|"
                       r"\(selectors\.py|\(socket\.py|\((multiprocessing|concurrent|asyncio)/|ranktrace|"
                       + TRACER_FRAME.pattern)
+
+
+def without_tracer(frames: tuple[str, ...]) -> tuple[str, ...]:
+    """The stack as the program has it: ranktrace's wrapper frames left out of what a person reads (an innermost
+    ``make_wait_wrapper.<locals>.wait (tracer/wrap_ops.py)`` reads as if ranktrace were what hangs). The dump
+    files keep every frame; host-state rules see them all too."""
+    return tuple(f for f in frames if not TRACER_FRAME.search(f))
 
 
 def application_frame(frames: tuple[str, ...]) -> str | None:

@@ -56,6 +56,8 @@ def test_tp_subgroup_skip_blames_rank_2_and_its_subgroup_op(verdicts):
     # world op.
     assert brief(v) == ("crashed", "missing_ranks", "all_reduce", 4, [2], [0, 1, 3])
     assert v["operation"]["group_ranks"] == [2, 3]
+    # the TP group was made without a description: torch's placeholder "undefined" is not shown as one
+    assert v["operation"]["group_desc"] is None and "undefined" not in v["summary"]
     cyc = [f for f in v["findings"] if f["kind"] == "wait_cycle"]
     assert cyc and cyc[0]["ranks"] == [2, 3]
 

@@ -44,6 +44,13 @@ def test_skip_is_caught_live_killed_and_explained(tmp_path: Path):
     assert states == {"0": ("in_collective", 2), "1": ("in_collective", 2), "2": ("in_collective", 2),
                       "3": ("blocked_other", 2)}
     assert "next_batch" in " ".join(v["ranks"]["3"]["stack"]) and "(<string>:3)" not in v["stack_tree"]  # helper loop
+    # ranks 0-2 wait inside ranktrace's Work.wait wrapper: the dumps keep its frame, what a person reads does not
+    # (an innermost "tracer/wrap_ops.py" frame reads as if ranktrace were what hangs)
+    assert any("tracer/wrap_ops.py" in p.read_text() for p in dumps)
+    shown = [v["stack_tree"]] + [f for s in v["ranks"].values() for f in s["stack"]] + [
+        e["detail"] for f in v["findings"] for e in f["evidence"] if e["source"] == "pyspy"]
+    assert not [t for t in shown if "tracer/" in t] and "wrapper frames are left out" in v["stack_tree"]
+    assert all(v["ranks"][r]["stack"][0].startswith("all_reduce (") for r in "012")
     # "where" is the program's own innermost frame, past threading/queue and ranktrace's own wrapper
     assert v["ranks"]["3"]["where"].startswith("next_batch (tp_job.py:")
     assert all(v["ranks"][r]["where"].startswith("train_step (tp_job.py:") for r in "012")

@@ -146,7 +146,7 @@ def _rank_table(ctx: Context) -> dict[int, RankState]:
         out[r] = RankState(
             state=state, phase=ctx.phases.get(r),
             innermost_open=(f"{o.name}" + (f" group={o.group} seq={o.seq}" if o.seq is not None else "")) if o else None,
-            stack=tuple(stacks_mod.normalise_frame(f) for f in (st.frames[:12] if st else ())),
+            stack=tuple(stacks_mod.normalise_frame(f) for f in (hoststate.without_tracer(st.frames)[:12] if st else ())),
             last_op=last_ops.get(r), pids=ctx.rank_pids.get(r, ()), where=_where(st),
         )
     return out
@@ -162,7 +162,11 @@ def _where(st: "hoststate.RankStack | None") -> str | None:
 def _stack_tree(ctx: Context) -> str:
     if not ctx.stacks:
         return ""
-    return stacks_mod.render(stacks_mod.merge({r: s.frames for r, s in ctx.stacks.items()}))
+    shown = {r: hoststate.without_tracer(s.frames) for r, s in ctx.stacks.items()}
+    tree = stacks_mod.render(stacks_mod.merge(shown))
+    if any(len(shown[r]) < len(s.frames) for r, s in ctx.stacks.items()):
+        tree += "\n(ranktrace's own wrapper frames are left out here; the stack dumps keep them)"
+    return tree
 
 
 def _unknown_findings(ctx: Context) -> list[Finding]:

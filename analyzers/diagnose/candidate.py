@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from analyzers.hoststate import RankStack, application_frame
+from analyzers.hoststate import RankStack, application_frame, without_tracer
 from analyzers.stacks import normalise_frame
 from analyzers.verdict import Evidence, Finding, Operation, WaitEdge
 from analyzers.waitfor import PendingOp
 
-__all__ = ["Candidate", "op_evidence", "stack_evidence", "operation_of", "where", "ranks_text"]
+__all__ = ["Candidate", "op_evidence", "stack_evidence", "operation_of", "group_desc", "where", "ranks_text"]
 
 
 @dataclass
@@ -55,11 +55,16 @@ def where(stack: RankStack | None) -> str | None:
 
 
 def stack_evidence(stack: RankStack, state: str) -> Evidence:
-    top = " <- ".join(normalise_frame(f) for f in stack.frames[:4])
+    top = " <- ".join(normalise_frame(f) for f in without_tracer(stack.frames)[:4])
     return Evidence(source=stack.source or "pyspy", file=stack.file, line=stack.line,
                     detail=f"{state}: thread {stack.thread_name or '?'} in {top}", rank=stack.rank)
 
 
+def group_desc(desc: str | None) -> str | None:
+    """A group's description when it says something: torch names every group created without one "undefined"."""
+    return None if desc in (None, "", "undefined") else desc
+
+
 def operation_of(op: PendingOp, group_ranks: tuple[int, ...] | None, phase: str | None = None) -> Operation:
-    return Operation(name=op.name, group=op.group, group_desc=op.group_desc, group_ranks=group_ranks, seq=op.seq,
-                     dtype=op.dtype, shape=op.shape, phase=phase, peer=op.peer, callsite=op.callsite)
+    return Operation(name=op.name, group=op.group, group_desc=group_desc(op.group_desc), group_ranks=group_ranks,
+                     seq=op.seq, dtype=op.dtype, shape=op.shape, phase=phase, peer=op.peer, callsite=op.callsite)

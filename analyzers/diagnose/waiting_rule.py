@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 from analyzers import waitfor
-from analyzers.diagnose.candidate import Candidate, op_evidence, operation_of, ranks_text, stack_evidence, where
+from analyzers.diagnose.candidate import (Candidate, group_desc, op_evidence, operation_of, ranks_text, stack_evidence,
+                                         where)
 from analyzers.diagnose.context import Context
 from analyzers.verdict import Evidence, Finding, WaitEdge
 
@@ -149,7 +150,8 @@ def waiting(ctx: Context) -> list[Candidate]:
                 culprit_where.append(f"{ranks_text([r])} is inside {open_.name}"
                                      + (f" (group {open_.group}, seq {open_.seq})" if open_.seq else ""))
     peer = f" from {ranks_text([ref.peer])}" if ref.category == "p2p" and ref.peer is not None else ""
-    gname = f"group {ref.group}{'/' + ref.group_desc if ref.group_desc else ''}"
+    desc = group_desc(ref.group_desc)
+    gname = f"group {ref.group}{'/' + desc if desc else ''}"
     if into is internal and len(culprit_set) > 1:
         summary = (f"{ranks_text(sorted(culprit_set))} wait on each other in {ref.name} ({gname}, seq {ref.seq}): "
                    f"each waits for a peer that is itself waiting")
