@@ -7,7 +7,7 @@ Why this shape:
 * With no NVTX tool attached (the normal case) ``nvtx.get_domain`` hands back a dummy domain: we then return
   ``None`` and the wrappers skip NVTX with one ``is None`` test — no per-call cost at all.
 * Under a tool (``nsys profile``), ranges go into the ``ranktrace`` domain with texts like
-  ``all_reduce group=0 seq=5`` (analyzers/readers/nsys.py parses the ``group=``/``seq=`` tokens). A constant text
+  ``all_reduce group=0 seq=5`` (analyzers/readers/nsys_nvtx.py parses the ``group=``/``seq=`` tokens). A constant text
   reuses one pre-built ``EventAttributes`` (tens of ns); a text that carries a seq is new on every call and costs
   one registered string (a few hundred ns, only while profiling).
 """
