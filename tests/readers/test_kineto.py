@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from analyzers.readers import kineto
+from analyzers.readers import kineto, kineto_json_stream
 from analyzers.readers.base import ReaderError
 from tests.readers.shared_reader_checks import REPO, check_contract, check_field_map, rows
 
@@ -153,7 +153,7 @@ class TestHandmade:
 
     def test_tiny_stream_chunks_give_the_same_result(self, monkeypatch: pytest.MonkeyPatch) -> None:
         whole = kineto.read(HANDMADE)
-        monkeypatch.setattr(kineto, "_CHUNK", 5)
+        monkeypatch.setattr(kineto_json_stream, "_CHUNK", 5)
         assert kineto.read(HANDMADE).events.equals(whole.events)
 
 
@@ -279,7 +279,7 @@ class TestBigTrace:
         self._write(path, steps=3, per_step=1)
         text = path.read_text()
         path.write_text(text[: text.rindex("]")] + ', {"ph": "X", "name": "' + "x" * (3 << 20) + "]}\n")
-        monkeypatch.setattr(kineto, "_MAX_VALUE_CHARS", 1 << 20)
+        monkeypatch.setattr(kineto_json_stream, "_MAX_VALUE_CHARS", 1 << 20)
         result = _read(path)
         assert len([r for r in result.events.to_pylist() if r["kind"] == "enter"]) == 3
         assert any("runs past 1 MiB without ending" in s.reason for s in result.skipped), result.skipped
