@@ -1,0 +1,137 @@
+"""Line grammar of NCCL debug logs: the patterns that find and split NCCL lines, and what their fields mean.
+
+Why separate: the same patterns serve the sniffer, the regex loop over COLL records, the parser of the rarer lines
+(Init, teardown, topology, WARN, ...) and the numpy path's checks (``nccl_log_vector._COLL_RE2`` mirrors
+``_COLL_RE`` here); kept in one module, they stay in step and carry no reader state. Also here: the format name,
+the NCCL datatype and op-name tables, the spelling of a communicator hash and the ``[timestamp]`` prefix.
+"""
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+
+FORMAT = "nccl_log"
+
+
+#: ncclDataType_t -> (torch dtype name, bytes per element), formats.md §1.6.
+NCCL_DTYPES: dict[int, tuple[str, int]] = {
+    0: ("int8", 1), 1: ("uint8", 1), 2: ("int32", 4), 3: ("uint32", 4), 4: ("int64", 8), 5: ("uint64", 8),
+    6: ("float16", 2), 7: ("float32", 4), 8: ("float64", 8), 9: ("bfloat16", 2), 10: ("float8_e4m3fn", 1),
+    11: ("float8_e5m2", 1),
+}
+
+_P2P_RAW = frozenset({b"Send", b"Recv", b"PutSignal", b"Signal", b"WaitSignal"})
+_ROOTED_RAW = frozenset({"Broadcast", "Reduce", "Gather", "Scatter"})
+
+# COLL lines: the pattern starts with a literal so `finditer` skips ahead in C.
+_COLL_RE = re.compile(
+    rb"NCCL INFO (\w+): opCount ([0-9a-fA-F]+) sendbuff \S+ recvbuff \S+ count (\d+) datatype (\d+) "
+    rb"op \d+ root (-?\d+) comm (0x[0-9a-fA-F]+) \[nranks=\d+\]"
+)
+# One scan per chunk finds COLL records (groups 1-6) and the rarer lines worth a per-line parse (Init, teardown,
+# transports, rings, trees, bootstrap, WARN, error trail, bare version line; no group set). It starts with the
+# literal "NCCL" so sre's prefix search runs in C; TUNING and other INFO lines fail a few bytes after "INFO ".
+_SCAN_RE = re.compile(
+    _COLL_RE.pattern[:5] + b"(?:" + _COLL_RE.pattern[5:] + rb"|WARN |version \d|INFO (?:NCCL version"
+    rb"|(?:\[Rank \d+\] )?(?:\w+ )?comm 0x|Channel (?:00/|\d+(?:/\d+)? : \d+\[)|Trees \[0\]|Bootstrap|bootstrap"
+    rb"|\d+ coll channels|[\w./+-]+:\d+ (?:\([^)\n]*\) )?-> ))"
+)
+_NRANKS_RE = re.compile(rb"\[nranks=(\d+)\]")
+# The part of a line before "NCCL INFO" of a COLL line, parsed from its end.
+_COLL_PREFIX_RE = re.compile(
+    rb"(?:\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)\] )?([^\s:\[\]|()<>]+):(\d+):(\d+)(?: \[(\d+)\])? \Z"
+)
+# Any NCCL line (formats.md §1.2 tolerant pattern, never anchored at column 0).
+_MARKER_RE = re.compile(
+    r"(?:\[(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)\] )?"
+    r"(?P<host>[^\s:\[\]|()<>]+):(?P<pid>\d+):(?P<tid>\d+) "
+    r"(?:\[(?P<dev>\d+)\] )?"
+    r"(?:(?P<elapsed>\d+\.\d+) )?"
+    r"(?:(?P<file>[\w./+-]+):(?P<fline>\d+) (?:\((?P<func>[^)]*)\) )?)?"
+    r"NCCL (?P<level>INFO|WARN|TRACE|CALL|ABORT) "
+)
+_BARE_VERSION_RE = re.compile(r"(?:^|\s|\])NCCL version (?P<v>\d+\.\d+\.\d+\S*)")
+
+_INIT_RE = re.compile(r"- Init (START|COMPLETE)\s*$")
+_FIELD_RES: dict[str, re.Pattern[str]] = {
+    "comm": re.compile(r"\bcomm (0x[0-9a-fA-F]+)"),
+    "rank": re.compile(r"\brank (-?\d+)"),
+    "nranks": re.compile(r"\bnranks (\d+)", re.IGNORECASE),
+    "cudaDev": re.compile(r"\bcudaDev (-?\d+)"),
+    "nvmlDev": re.compile(r"\bnvmlDev (-?\d+)"),
+    "busId": re.compile(r"\bbusId ([0-9a-fA-Fx]+)"),
+    "commId": re.compile(r"\bcommId (0x[0-9a-fA-F]+)"),
+    "parent": re.compile(r"\bparent (0x[0-9a-fA-F]+|\(nil\))"),
+    "color": re.compile(r"\bcolor (-?\d+)"),
+    "key": re.compile(r"\bkey (-?\d+)"),
+}
+_API_RE = re.compile(r"^(?:\[Rank \d+\] )?(nccl\w+) comm ")
+_SUMMARY_RE = re.compile(
+    r"^comm (0x[0-9a-fA-F]+) rank (\d+) nRanks (\d+) nNodes (\d+) localRanks (\d+) localRank (\d+)(?: MNNVL (\d+))?"
+)
+_TEARDOWN_RE = re.compile(
+    r"comm (0x[0-9a-fA-F]+) rank (-?\d+) n[Rr]anks (\d+).*- (Destroy|Abort|Revoke) (START|COMPLETE)"
+)
+_TRANSPORT_RE = re.compile(
+    r"^Channel (\d+)(?:/(\d+))? : (\d+)\[[0-9a-fA-Fx]+\] -> (\d+)\[[0-9a-fA-Fx]+\]"
+    r"(?: \[(send|receive)\])? via (.+?)\s*$"
+)
+_RING_RE = re.compile(r"^Channel 00/(\d+) :((?: +\d+)+)")
+_TRAIL_RE = re.compile(
+    r"^(?P<file>[\w./+-]+):(?P<line>\d+) (?:\((?P<func>[^)]*)\) )?-> (?P<code>\d+)(?P<rest>.*)$"
+)
+
+
+def normalize_comm_id(raw: str) -> str:
+    """One spelling of a communicator hash: ``0x`` + lower-case hex without leading zeros.
+
+    NCCL's Init lines print ``commId 0x%llx``; RAS text prints ``%016lx`` and RAS JSON ``"0x..."``.
+
+    >>> normalize_comm_id("0x54FE282D32A87D85"), normalize_comm_id("027a079b828ff1a75")
+    ('0x54fe282d32a87d85', '0x27a079b828ff1a75')
+    """
+    s = raw.strip().lower()
+    try:
+        return f"0x{int(s, 16):x}"
+    except ValueError:
+        return s
+
+_SNIFF_RE = re.compile(
+    rb"[^\s:\[\]|()<>]+:\d+:\d+ (?:\[\d+\] )?(?:\S+ )?(?:\([^)]*\) )?NCCL (?:INFO|WARN|TRACE|CALL) |"
+    rb"(?:^|\n)NCCL version \d+\.\d+\.\d+"
+)
+
+
+def _looks_binary(data: bytes) -> bool:
+    if not data:
+        return False
+    sample = data[:65536]
+    if sample.count(b"\x00") > 0:
+        return True
+    ctrl = sum(sample.count(bytes([c])) for c in range(1, 32) if c not in (9, 10, 13, 27))
+    return ctrl > len(sample) // 20
+
+
+_TS_CACHE: dict[str, int | None] = {}
+
+
+def _parse_ts(ts: str) -> int | None:
+    """``[%F %T]`` (optionally with a fraction) → ns since the epoch, read as UTC (formats.md §1.1)."""
+    got = _TS_CACHE.get(ts)
+    if got is not None or ts in _TS_CACHE:
+        return got
+    frac = 0
+    base = ts
+    for sep in (".", ","):
+        if sep in ts:
+            base, fs = ts.split(sep, 1)
+            frac = int((fs + "000000000")[:9]) if fs.isdigit() else 0
+            break
+    try:
+        dt = datetime.strptime(base.replace("T", " "), "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc)
+        val: int | None = int(dt.timestamp()) * 1_000_000_000 + frac
+    except ValueError:
+        val = None
+    if len(_TS_CACHE) < 100_000:
+        _TS_CACHE[ts] = val
+    return val
