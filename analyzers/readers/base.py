@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from analyzers import schema
 
-__all__ = ["Skipped", "ReadResult", "ReaderError", "ColumnMap", "empty_result", "read_file_bytes",
+__all__ = ["Skipped", "ReadResult", "ReaderError", "ColumnMap", "empty_result", "read_file_bytes", "has_nul_bytes",
            "empty_file", "decode_text"]
 
 
@@ -90,3 +90,9 @@ def decode_text(path: str | Path, data: bytes, not_what: str) -> str:
     if b"\x00" in data[:4096]:
         raise ReaderError(path, not_what)
     return data.decode("utf-8", errors="replace")
+
+
+def has_nul_bytes(data: bytes) -> bool:
+    """A NUL in the first 64 KiB: a binary file (or a log with a sparse hole up front), never one of the text
+    formats whose sniffers ask."""
+    return b"\x00" in data[:65536]

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from analyzers import schema
-from analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped
+from analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped, has_nul_bytes
 from analyzers.readers.nccl_ras_json import _read_json
 from analyzers.readers.nccl_ras_text import _read_text
 
@@ -76,14 +76,10 @@ OBSERVATION_KINDS: dict[str, str] = {
 }
 
 
-def _looks_binary(data: bytes) -> bool:
-    return b"\x00" in data[:65536]
-
-
 def sniff(path: Path, head: bytes) -> bool:
     """True for RAS text (``Job summary`` / ``Communicators...`` / ``#0-0 (hash) MISMATCH`` / monitor banner) or
     RAS JSON (``"communicators"`` with ``"collective_counts"``/``"missing_ranks"``, or a monitor event)."""
-    if not head or _looks_binary(head):
+    if not head or has_nul_bytes(head):
         return False
     h = head.lstrip()
     if h.startswith(b"{") or h.startswith(b"["):
@@ -106,7 +102,7 @@ def read(path: Path) -> ReadResult:
         raise ReaderError(path, f"cannot open: {e.strerror or e}") from e
     if not data.strip():
         return ReadResult(file=file, format=FORMAT, skipped=(Skipped(file, None, "empty file"),))
-    if _looks_binary(data):
+    if has_nul_bytes(data):
         raise ReaderError(path, "binary content, not NCCL RAS output")
     skipped: list[Skipped] = []
     try:

@@ -54,7 +54,7 @@ from typing import Any
 
 from analyzers import schema
 from analyzers.opnames import canonical_op
-from analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped
+from analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped, has_nul_bytes
 
 __all__ = ["FORMAT", "COLUMN_MAP", "ColumnMap", "OBSERVATION_KINDS", "OPTYPE_NAMES", "sniff", "read"]
 
@@ -187,15 +187,10 @@ def _rank_key(c: _Ctx) -> tuple[str, int | None]:
     return ("g", c.grank) if c.grank is not None else ("pg", c.pgrank)
 
 
-def _looks_binary(data: bytes) -> bool:
-    sample = data[:65536]
-    return b"\x00" in sample
-
-
 def sniff(path: Path, head: bytes) -> bool:
     """True when the head, or the last MiB of the file (watchdog lines come at the end of a log), has a watchdog
     timeout or PG-status line of ProcessGroupNCCL."""
-    if not head or _looks_binary(head):
+    if not head or has_nul_bytes(head):
         return False
     if _sniff_text(head):
         return True
@@ -207,7 +202,7 @@ def sniff(path: Path, head: bytes) -> bool:
             tail = f.read()
     except OSError:
         return False
-    return not _looks_binary(tail) and _sniff_text(tail)
+    return not has_nul_bytes(tail) and _sniff_text(tail)
 
 
 _SNIFF_RE = re.compile(
@@ -235,7 +230,7 @@ def read(path: Path) -> ReadResult:
         head = f.read(65536)
         if not head:
             return ReadResult(file=file, format=FORMAT, skipped=(Skipped(file, None, "empty file"),))
-        if _looks_binary(head):
+        if has_nul_bytes(head):
             raise ReaderError(path, "binary content, not a text log with watchdog lines")
         f.seek(0)
         try:
