@@ -45,8 +45,8 @@ def test_skip_is_caught_live_killed_and_explained(tmp_path: Path):
                       "3": ("blocked_other", 2)}
     assert "next_batch" in " ".join(v["ranks"]["3"]["stack"]) and "(<string>:3)" not in v["stack_tree"]  # helper loop
     # ranks 0-2 wait inside ranktrace's Work.wait wrapper: the dumps keep its frame, what a person reads does not
-    # (an innermost "tracer/wrap_ops.py" frame reads as if ranktrace were what hangs)
-    assert any("tracer/wrap_ops.py" in p.read_text() for p in dumps)
+    # (an innermost "tracer/wrap_work.py" frame reads as if ranktrace were what hangs)
+    assert any("tracer/wrap_work.py" in p.read_text() for p in dumps)
     shown = [v["stack_tree"]] + [f for s in v["ranks"].values() for f in s["stack"]] + [
         e["detail"] for f in v["findings"] for e in f["evidence"] if e["source"] == "pyspy"]
     assert not [t for t in shown if "tracer/" in t] and "wrapper frames are left out" in v["stack_tree"]

@@ -1,8 +1,9 @@
 """Wrappers that record ENTER / EXIT / ERROR of every collective, p2p, init, wait, graph and sync call of a rank.
 
 This module is the one name the rest of ranktrace uses for them; the code lives in tracer.state (TraceState, the op
-table, shared helpers), tracer.wrap_ops (collectives, p2p, ProcessGroup methods, Work.wait, coalesced blocks, init;
-install_c10d), tracer.wrap_graphs (CUDA graphs, host syncs) and tracer.wrap_user (--hook targets). tracer.pg_hooks,
+table, shared helpers), tracer.wrap_ops (collectives, p2p, ProcessGroup methods; install_c10d), tracer.wrap_work
+(Work.wait, coalesced blocks), tracer.wrap_init (init/new_group/destroy), tracer.wrap_graphs (CUDA graphs, host
+syncs) and tracer.wrap_user (--hook targets). tracer.pg_hooks,
 tracer.graphs and tracer.user_hooks only decide *what* to patch. A stack sampled inside a wrapper shows one of these
 files, which the analyzers know to skip (analyzers.hoststate.TRACER_FRAME).
 
@@ -46,5 +47,7 @@ from __future__ import annotations
 
 from .state import *  # noqa: F401,F403
 from .wrap_graphs import *  # noqa: F401,F403
+from .wrap_init import *  # noqa: F401,F403
 from .wrap_ops import *  # noqa: F401,F403
 from .wrap_user import *  # noqa: F401,F403
+from .wrap_work import *  # noqa: F401,F403

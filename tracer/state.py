@@ -1,7 +1,7 @@
 """Per-process tracer state and what every wrapper shares: the op table, record constants, TraceState
 (recorder, identity, groups, call sites, shapes, capture), error texts, and how a wrapper is made to look
-like what it wraps. The wrappers themselves: tracer.wrap_ops, tracer.wrap_graphs, tracer.wrap_user (see
-tracer.hooks for the rules they keep).
+like what it wraps. The wrappers themselves: tracer.wrap_ops, tracer.wrap_work, tracer.wrap_init,
+tracer.wrap_graphs, tracer.wrap_user (see tracer.hooks for the rules they keep).
 """
 from __future__ import annotations
 
