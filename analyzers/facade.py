@@ -13,7 +13,7 @@ from analyzers import diagnose as diagnose_mod
 from analyzers.sources import InputError, Inputs, collect
 from analyzers.verdict import Verdict
 
-__all__ = ["AnalysisResult", "analyze_paths", "analyze_with_timeline", "exit_code", "InputError"]
+__all__ = ["AnalysisResult", "analyze_paths", "analyze_with_timeline", "write_run_files", "exit_code", "InputError"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,19 @@ def analyze_with_timeline(paths: list[Path]) -> AnalysisResult:
 
 def analyze_paths(paths: list[Path]) -> Verdict:
     return analyze_with_timeline(paths).verdict
+
+
+def write_run_files(run_dir: Path, result: AnalysisResult) -> str | None:
+    """``<run>/verdict.json`` (the contract: its write errors propagate) and ``<run>/report.html`` (a page for
+    people: a failure there is returned as one line and never costs the verdict)."""
+    from analyzers.report import html_report, json_report
+
+    (run_dir / "verdict.json").write_text(json_report.render(result.verdict))
+    try:
+        (run_dir / "report.html").write_text(html_report.render(result))
+    except Exception as e:  # noqa: BLE001 - the page is extra; the verdict above is what must land
+        return f"report.html not written: {type(e).__name__}: {e}"
+    return None
 
 
 def exit_code(v: Verdict) -> int:

@@ -24,7 +24,8 @@ import pyarrow.compute as pc
 
 from analyzers import schema
 
-__all__ = ["OPS", "build_ops", "last_issued", "OpenSpan", "open_spans", "last_phase", "BLOCKING_COMPLETE_BACKENDS"]
+__all__ = ["OPS", "build_ops", "last_issued", "OpenSpan", "open_spans", "open_enter_rows", "last_phase",
+           "BLOCKING_COMPLETE_BACKENDS"]
 
 BLOCKING_COMPLETE_BACKENDS = ("gloo",)
 # Sources that never say an op finished (our own hooks on NCCL or --hook backends record issue and return only;
@@ -355,20 +356,27 @@ _OPEN_COLS = ["rank", "pid", "tid", "name", "category", "group", "seq", "t_ns", 
 
 
 def open_spans(events: pa.Table) -> list[OpenSpan]:
-    """Spans opened (enter) and never closed, from sources that record exits (span_id set).
+    """Spans opened (enter) and never closed, from sources that record exits (span_id set), in time order."""
+    rows = _take_rows(events.select(_OPEN_COLS), open_enter_rows(events)).sort_by("t_ns").to_pylist()
+    return [OpenSpan(**{**r, "capturing": bool(r["capturing"])}) for r in rows]
+
+
+def open_enter_rows(events: pa.Table) -> np.ndarray:
+    """Row indices of the enters never closed, from sources that record exits (span_id set), ascending.
 
     Spans are per process; the ring file names the process even when pids repeat (reuse, fixtures), so an enter is
     closed by an exit/error with the same (host, pid, file, span_id), none of them null. Vectorised: each
     (process, span) is packed into one int64 and the enters are looked up in the sorted closes.
     """
+    none = np.zeros(0, dtype=np.int64)
     if events.num_rows == 0:
-        return []
+        return none
     span_col = events["span_id"]
     has_span = _bools(pc.not_equal(span_col, 0))  # null -> False
     kind = _codes(events["kind"], ["enter", "exit", "error"])
     enters = np.flatnonzero(has_span & (kind == 0))
     if enters.size == 0:
-        return []
+        return none
     closes = np.flatnonzero(has_span & (kind > 0))
     is_open = np.ones(enters.size, dtype=bool)
     if closes.size:
@@ -392,8 +400,7 @@ def open_spans(events: pa.Table) -> list[OpenSpan]:
         if key_c.size:
             pos = np.minimum(np.searchsorted(key_c, key_e), key_c.size - 1)
             is_open = ~(known[:enters.size] & (key_c[pos] == key_e))
-    rows = _take_rows(events.select(_OPEN_COLS), enters[is_open]).sort_by("t_ns").to_pylist()
-    return [OpenSpan(**{**r, "capturing": bool(r["capturing"])}) for r in rows]
+    return enters[is_open]
 
 
 def last_phase(events: pa.Table) -> dict[int, str]:

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = ["SCHEMA", "STATUSES", "KINDS", "Evidence", "Finding", "Operation", "WaitEdge", "RankState", "Verdict",
-           "compact_ranks"]
+           "compact_ranks", "operation_text"]
 
 SCHEMA = "ranktrace.verdict/1"
 STATUSES = ("hang", "completed", "crashed", "idle", "inconclusive")
@@ -168,3 +168,20 @@ def compact_ranks(ranks: "list[int] | tuple[int, ...] | set[int]") -> str:
         out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
         i = j + 1
     return ",".join(out)
+
+
+def operation_text(op: Operation) -> str:
+    """'all_reduce, group 0 (default_pg), members 0-3, seq 5, float32 [64, 64], at train.py:77 step' — the
+    operation line every renderer shows."""
+    bits = [op.name]
+    if op.group is not None:
+        bits.append(f"group {op.group}" + (f" ({op.group_desc})" if op.group_desc else ""))
+    if op.group_ranks:
+        bits.append(f"members {compact_ranks(op.group_ranks)}")
+    if op.seq is not None:
+        bits.append(f"seq {op.seq}")
+    if op.dtype or op.shape:
+        bits.append(" ".join(x for x in (op.dtype, op.shape) if x))
+    if op.callsite:
+        bits.append(f"at {op.callsite}")
+    return ", ".join(bits)

@@ -114,12 +114,14 @@ def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll
 def _analyze_after_run(run_dir: Path, show: bool = True) -> None:
     try:
         from analyzers import facade
-        from analyzers.report import json_report, text_report
+        from analyzers.report import text_report
 
-        verdict = facade.analyze_paths([run_dir])
-        (run_dir / "verdict.json").write_text(json_report.render(verdict))
+        result = facade.analyze_with_timeline([run_dir])
+        problem = facade.write_run_files(run_dir, result)
         if show:
-            click.echo(text_report.render(verdict), err=True)
+            click.echo(text_report.render(result.verdict), err=True)
+        if problem:
+            _err(problem)
     except Exception as e:
         _err(f"analysis failed: {type(e).__name__}: {e}")
 
@@ -129,13 +131,20 @@ def _analyze_after_run(run_dir: Path, show: bool = True) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON (DESIGN §5 contract).")
 @click.option("--perfetto", type=click.Path(path_type=Path), default=None,
               help="Also write a Chrome-trace JSON timeline (open in ui.perfetto.dev).")
+@click.option("--html", "html_out", type=click.Path(path_type=Path), default=None,
+              help="Also write the verdict and a timeline picture as one self-contained HTML page.")
 @click.option("--snapshot/--no-snapshot", default=True, show_default=True,
               help="If a traced job is still running here, dump its stacks (py-spy, non-blocking) first.")
-def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None, snapshot: bool) -> None:
+def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None, html_out: Path | None,
+            snapshot: bool) -> None:
     """Analyze a trace directory, or any folder/files of logs and dumps, and print one verdict."""
     from analyzers import facade
-    from analyzers.report import json_report, perfetto_report, text_report
+    from analyzers.report import html_report, json_report, perfetto_report, text_report
 
+    for out in (perfetto, html_out):
+        if out is not None and out.exists():  # nothing a user has is ever overwritten: say so before the work
+            _err(f"{out} exists: not overwritten (choose another path)")
+            sys.exit(EXIT_USAGE)
     if snapshot:
         from tracer import live
 
@@ -154,11 +163,13 @@ def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None, snaps
         _err(f"analysis failed (a ranktrace bug, please report): {type(e).__name__}: {e}")
         sys.exit(4)
     verdict = result.verdict
-    if perfetto is not None:
+    for out, renderer in ((perfetto, perfetto_report), (html_out, html_report)):
+        if out is None:
+            continue
         try:
-            perfetto.write_text(perfetto_report.render(result))
+            out.write_text(renderer.render(result))
         except OSError as e:
-            _err(f"cannot write {perfetto}: {e.strerror or e}")
+            _err(f"cannot write {out}: {e.strerror or e}")
             sys.exit(EXIT_USAGE)
     click.echo(json_report.render(verdict) if as_json else text_report.render(verdict))
     sys.exit(facade.exit_code(verdict))
@@ -185,8 +196,11 @@ def attach(pids: tuple[int, ...], out_base: Path, as_json: bool) -> None:
     res = attach_mod.attach(list(pids), out_base)
     for problem in res.problems:
         _err(problem)
-    verdict = facade.analyze_paths([res.run_dir])
-    (res.run_dir / "verdict.json").write_text(json_report.render(verdict))
+    result = facade.analyze_with_timeline([res.run_dir])
+    verdict = result.verdict
+    problem = facade.write_run_files(res.run_dir, result)
+    if problem:
+        _err(problem)
     click.echo(json_report.render(verdict) if as_json else text_report.render(verdict))
     _err(f"attached to {len(res.pids)} process(es); evidence in {res.run_dir}")
     sys.exit(facade.exit_code(verdict))

@@ -7,6 +7,7 @@ wait-for engine as our own captures.
 """
 from __future__ import annotations
 
+import html
 import json
 import subprocess
 import time
@@ -186,17 +187,59 @@ def test_a_rank_whose_ring_wrapped_past_a_group_is_not_blamed_for_it(tmp_path: P
 
 
 def test_every_scenario_verdict_round_trips_and_renders():
-    from analyzers.report import json_report, text_report
+    from html.parser import HTMLParser
+
+    from analyzers.report import html_report, json_report, perfetto_report, text_report
     from analyzers.verdict import Verdict
 
+    class Tags(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.open: list[str] = []
+
+        def handle_starttag(self, tag: str, attrs: list) -> None:
+            if tag not in ("meta", "br", "line", "rect", "i"):
+                self.open.append(tag)
+
+        def handle_endtag(self, tag: str) -> None:
+            if tag in ("rect", "line", "i"):
+                return
+            assert self.open and self.open[-1] == tag, (self.open[-3:], tag)
+            self.open.pop()
+
     for d in sorted(p for p in SCEN.iterdir() if p.is_dir()):
-        v = facade.analyze_paths([d])
+        result = facade.analyze_with_timeline([d])
+        v = result.verdict
         again = Verdict.from_dict(json.loads(json_report.render(v)))
         assert again == v, d
         text = text_report.render(v)
         assert text.splitlines()[0].startswith(v.status.upper()) and v.summary[:40] in text.replace("\n", " ")
         for f in v.findings:
             assert f.evidence, (d, f)
+        page = html_report.render(result)
+        tags = Tags()
+        tags.feed(page)
+        assert tags.open == [], (d, tags.open)  # every element closed: the page is well formed
+        assert f"{v.status.upper()} · {v.kind}" in page and html.escape(v.summary) in page, d
+        json.loads(perfetto_report.render(result))
+
+
+def test_report_html_escapes_what_came_from_the_trace():
+    """Op names, call sites, error texts and summaries are data from the job: never markup in the page."""
+    import dataclasses
+
+    import pyarrow as pa
+
+    from analyzers.report import html_report
+
+    result = facade.analyze_with_timeline([SCEN / "nsys_open_range"])
+    evil = "<script>alert(1)</script>"
+    ev = result.events
+    ev = ev.set_column(ev.schema.get_field_index("callsite"), "callsite", pa.array([evil] * ev.num_rows, pa.string()))
+    verdict = dataclasses.replace(result.verdict, summary=f"rank 0 {evil}", next_steps=(evil,))
+    page = html_report.render(dataclasses.replace(result, events=ev, verdict=verdict))
+    assert "<script" not in page and html.escape(evil) in page
+    assert page.count(html.escape(evil)) >= 3  # summary, next step, and a bar's call site
 
 
 def test_cli_exit_codes_and_json(tmp_path: Path):
@@ -210,6 +253,15 @@ def test_cli_exit_codes_and_json(tmp_path: Path):
     slices = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
     assert any(e["name"].endswith("(open)") and e["pid"] == 1 for e in slices)  # the range that never closed
     assert any(e.get("ph") == "s" for e in trace["traceEvents"])  # flow arrows join the same op across ranks
+    page = tmp_path / "r.html"
+    res = subprocess.run(TRACE + ["analyze", "--html", str(page), str(SCEN / "nsys_open_range")],
+                         capture_output=True, text=True, env=trace_env())
+    assert res.returncode == 3 and 'class="open"><title>rank 1: ' in page.read_text()
+    # an existing file is never overwritten: refused before any work, exit 2, the file as it was
+    before = page.read_text()
+    res = subprocess.run(TRACE + ["analyze", "--html", str(page), str(SCEN / "nsys_open_range")],
+                         capture_output=True, text=True, env=trace_env())
+    assert res.returncode == 2 and "exists: not overwritten" in res.stderr and page.read_text() == before
 
 
 @pytest.mark.parametrize("make", ["empty_dir", "unrelated", "missing"])

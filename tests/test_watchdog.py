@@ -4,8 +4,10 @@ Gloo timeouts are set far beyond the test, so only ranktrace can end these hangs
 """
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -51,6 +53,12 @@ def test_skip_is_caught_live_killed_and_explained(tmp_path: Path):
         e["detail"] for f in v["findings"] for e in f["evidence"] if e["source"] == "pyspy"]
     assert not [t for t in shown if "tracer/" in t] and "wrapper frames are left out" in v["stack_tree"]
     assert all(v["ranks"][r]["stack"][0].startswith("all_reduce (") for r in "012")
+    # report.html beside verdict.json: ranks 0-2's all_reduce seq 5 drawn open (red, to the end), none for rank 3
+    page = (run / "report.html").read_text()
+    open_bars = re.findall(r'<rect [^>]*class="open"><title>rank (\d+): ([^<]*)</title>', page)
+    assert sorted(r for r, _ in open_bars) == ["0", "1", "2"], open_bars
+    assert all(t.startswith("all_reduce group=0 seq=5 · never returned") for _, t in open_bars)
+    assert ">rank 3 *</text>" in page and html.escape(v["summary"]) in page
     # "where" is the program's own innermost frame, past threading/queue and ranktrace's own wrapper
     assert v["ranks"]["3"]["where"].startswith("next_batch (tp_job.py:")
     assert all(v["ranks"][r]["where"].startswith("train_step (tp_job.py:") for r in "012")

@@ -16,7 +16,7 @@ which also feeds the live status line (rank count, last seq per group, quiet tim
 Silence = no progress for ``hang_after`` seconds (``startup_hang_after`` until the first collective was recorded:
 loading weights can take minutes). On silence: a burst into ``dumps/<timestamp>/`` (with two NCCL RAS answers when
 a RAS service listens: counts that still move mean NCCL is issuing work, so no hang is reported), an early one-line
-picture from the rings, then the full analysis, written to ``<run>/verdict.json``. ``on_hang`` decides what follows:
+picture from the rings, then the full analysis, written to ``<run>/verdict.json`` and ``report.html``. ``on_hang`` decides what follows:
 ``report`` (keep watching, report again only when the picture changes), ``kill`` (terminate the job; `trace run`
 exits 3), ``wait`` (record only). A sampler that fails says so in one line and stops; the watchdog goes on.
 """
@@ -472,17 +472,21 @@ class Monitor:
         return "; ".join(parts)
 
     def analyze(self) -> str | None:
-        """Full analysis now; print it if the picture changed since the last report; write verdict.json."""
+        """Full analysis now; print it if the picture changed since the last report; write verdict.json and
+        report.html."""
         try:
             from analyzers import facade
-            from analyzers.report import json_report, text_report
+            from analyzers.report import text_report
 
-            v = facade.analyze_paths([self.run_dir])
+            result = facade.analyze_with_timeline([self.run_dir])
         except Exception as e:
             self.log(f"analysis failed: {type(e).__name__}: {e}")
             return None
+        v = result.verdict
         picture = f"{v.kind}|{v.culprit_ranks}|{v.operation}"
-        (self.run_dir / "verdict.json").write_text(json_report.render(v))
+        problem = facade.write_run_files(self.run_dir, result)
+        if problem:
+            self.log(problem)
         if picture != self.state.reported:
             self.state.reported = picture
             self.show(text_report.render(v))

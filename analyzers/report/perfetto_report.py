@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pyarrow.compute as pc
+from analyzers.report.spans import Span, pair_spans
 
 __all__ = ["render", "EXTENSION", "BINARY"]
 
@@ -17,35 +17,24 @@ BINARY = False
 
 
 def render(result: Any) -> str:
-    ev = result.events
-    ev = ev.filter(pc.and_(pc.is_valid(ev["rank"]), pc.is_valid(ev["t_ns"])))
+    ss = pair_spans(result.events)
     out: list[dict[str, Any]] = []
-    if ev.num_rows == 0:
+    if not ss.ranks:
         return json.dumps({"traceEvents": out, "displayTimeUnit": "ns"})
-    t0 = pc.min(ev["t_ns"]).as_py()
-    t_end = pc.max(ev["t_ns"]).as_py()
-    rows = ev.select(["rank", "pid", "tid", "t_ns", "kind", "name", "category", "group", "seq", "span_id", "callsite",
-                      "error", "capturing", "peer", "file", "detail"]).to_pylist()
-    ranks = sorted({r["rank"] for r in rows})
-    for r in ranks:
+    for r in ss.ranks:
         out.append({"ph": "M", "name": "process_name", "pid": r, "args": {"name": f"rank {r}"}})
         out.append({"ph": "M", "name": "process_sort_index", "pid": r, "args": {"sort_index": r}})
-    opened: dict[tuple, dict[str, Any]] = {}
     first_of: dict[tuple, tuple[int, int, float]] = {}
-    for r in rows:
-        key = _span_key(r)
-        ts = (r["t_ns"] - t0) / 1000.0
-        if r["kind"] == "enter":
-            opened[key] = r
-        elif r["kind"] in ("exit", "error", "complete") and key in opened:
-            s = opened.pop(key)
-            out.append(_slice(s, (s["t_ns"] - t0) / 1000.0, ts, r.get("error")))
-        elif r["kind"] == "mark":
-            out.append({"ph": "i", "name": r["name"], "pid": r["rank"], "tid": r["tid"] or 0, "ts": ts, "s": "p"})
-    for s in opened.values():  # never returned: draw to the end, and say so
-        sl = _slice(s, (s["t_ns"] - t0) / 1000.0, (t_end - t0) / 1000.0 + 1.0, None)
-        sl["name"] += " (open)"
-        sl["args"]["open"] = True
+    us = lambda t: (t - ss.t0) / 1000.0  # noqa: E731
+    for m in ss.marks:
+        out.append({"ph": "i", "name": m.name, "pid": m.rank, "tid": m.tid or 0, "ts": us(m.t), "s": "p"})
+    for sp in ss.spans:
+        if sp.open:  # never returned: draw to the end, and say so
+            sl = _slice(sp, us(sp.start), us(ss.t_end) + 1.0)
+            sl["name"] += " (open)"
+            sl["args"]["open"] = True
+        else:
+            sl = _slice(sp, us(sp.start), us(sp.end))
         out.append(sl)
     flow_id = 0
     for sl in sorted((e for e in out if e.get("ph") == "X" and e["args"].get("seq") is not None),
@@ -65,22 +54,13 @@ def render(result: Any) -> str:
                        "metadata": {"verdict": result.verdict.summary}})
 
 
-def _span_key(r: dict[str, Any]) -> tuple:
-    """Our events pair by span id within a process (ring file); readers' rows (nsys, Kineto) by what they are:
-    the same rank, thread, op, group and seq, and the same kind of record (the first word of detail: an NVTX
-    range closes an NVTX range, a kernel completion closes a kernel)."""
-    if r["span_id"]:
-        return ("span", r["file"], r["pid"], r["span_id"])
-    return ("op", r["rank"], r["tid"], r["name"], r["group"], r["seq"], (r["detail"] or "").split(" ", 1)[0])
-
-
-def _slice(s: dict[str, Any], ts: float, end: float, error: str | None) -> dict[str, Any]:
-    args = {"group": s["group"], "seq": s["seq"], "callsite": s["callsite"]}
-    if s["peer"] is not None:
-        args["peer"] = s["peer"]
-    if s["capturing"]:
+def _slice(sp: Span, ts: float, end: float) -> dict[str, Any]:
+    args: dict[str, Any] = {"group": sp.group, "seq": sp.seq, "callsite": sp.callsite}
+    if sp.peer is not None:
+        args["peer"] = sp.peer
+    if sp.capturing:
         args["capturing"] = True
-    if error:
-        args["error"] = error
-    return {"ph": "X", "name": s["name"], "cat": s["category"] or "op", "pid": s["rank"], "tid": s["tid"] or 0,
+    if sp.error:
+        args["error"] = sp.error
+    return {"ph": "X", "name": sp.name, "cat": sp.category or "op", "pid": sp.rank, "tid": sp.tid or 0,
             "ts": ts, "dur": max(end - ts, 0.001), "args": args}

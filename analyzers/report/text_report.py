@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from analyzers.verdict import Verdict, compact_ranks
+from analyzers.verdict import Verdict, compact_ranks, operation_text
 
 __all__ = ["render", "EXTENSION", "BINARY"]
 
@@ -25,20 +25,8 @@ def render(verdict: Verdict, width: int = 120) -> str:
     head = f"{verdict.status.upper()} · {verdict.kind}"
     con.print(Text(head, style="bold"))
     con.print(verdict.summary)
-    op = verdict.operation
-    if op is not None:
-        bits = [op.name]
-        if op.group is not None:
-            bits.append(f"group {op.group}" + (f" ({op.group_desc})" if op.group_desc else ""))
-        if op.group_ranks:
-            bits.append(f"members {compact_ranks(op.group_ranks)}")
-        if op.seq is not None:
-            bits.append(f"seq {op.seq}")
-        if op.dtype or op.shape:
-            bits.append(" ".join(x for x in (op.dtype, op.shape) if x))
-        if op.callsite:
-            bits.append(f"at {op.callsite}")
-        con.print("operation: " + ", ".join(bits))
+    if verdict.operation is not None:
+        con.print("operation: " + operation_text(verdict.operation), markup=False)
     if verdict.culprit_ranks:
         con.print(f"culprit ranks: {compact_ranks(verdict.culprit_ranks)}")
     if verdict.waiting_ranks:

@@ -1,0 +1,214 @@
+"""``<run>/report.html``: the verdict and a timeline picture in one self-contained page (DESIGN §3).
+
+Why a page beside the terminal report: the person on call pastes a hang into a ticket or a chat; a single file
+with no scripts, fonts or requests outside it opens anywhere and shows what the text cannot — each rank's lane
+over time, the ops that never returned drawn to the end in red, the culprit's lane marked. Everything in it that
+came from the trace (op names, call sites, error texts, stacks, file paths) is HTML-escaped: a trace is data.
+
+Takes the (Verdict, tables) bundle that ``analyzers.facade.analyze_with_timeline`` returns; returns the page as a
+string and never opens files (the caller writes it).
+"""
+from __future__ import annotations
+
+import html
+from collections import defaultdict
+from typing import Any
+
+import pyarrow.compute as pc
+
+from analyzers.report.spans import Span, SpanSet, pair_spans
+from analyzers.verdict import Verdict, compact_ranks, operation_text
+
+__all__ = ["render", "EXTENSION", "BINARY", "SPANS_PER_RANK"]
+
+EXTENSION = ".html"
+BINARY = False
+
+SPANS_PER_RANK = 40   # closed spans kept per rank (its latest); spans that never returned are always drawn
+_MAX_DEPTH = 4        # nesting levels drawn per lane (op ⊃ wait ⊃ ...); deeper spans share the last level
+_W, _LABEL, _ROW, _TOP = 1100, 90, 9, 28  # picture width, label column, height of one nesting level, axis band
+_COLOURS = {"collective": "#4878d0", "p2p": "#956cb4", "sync": "#8c8c8c", "graph": "#ee854a", "init": "#6acc64",
+            "phase": "#d5bb67", "user": "#82c6e2"}
+_STYLE = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,sans-serif;margin:24px;color:#1d1d1f;max-width:1200px}
+h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:24px 0 8px;border-bottom:1px solid #ddd}
+.hang,.crashed{color:#b00020} .completed,.idle{color:#1b7f3b} .inconclusive{color:#8a6d00}
+table{border-collapse:collapse} td,th{padding:2px 10px 2px 0;text-align:left;vertical-align:top}
+th{font-weight:600;border-bottom:1px solid #ccc} tr.culprit td{color:#b00020;font-weight:600}
+pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:12px} .ev{color:#555;font-size:12px}
+.legend span{display:inline-block;margin-right:12px} .sw{width:10px;height:10px;display:inline-block;margin-right:4px}
+svg text{font:11px system-ui,sans-serif}
+"""
+
+
+def _e(x: Any) -> str:
+    return html.escape("" if x is None else str(x), quote=True)
+
+
+def _clock(result: Any) -> str:
+    """wall_ns when every timed row has it (comparable across hosts), else the monotonic t_ns (one host)."""
+    ev = result.events
+    if ev.num_rows == 0:
+        return "t_ns"
+    timed = pc.and_(pc.is_valid(ev["rank"]), pc.is_valid(ev["t_ns"]))
+    return "t_ns" if pc.any(pc.and_(timed, pc.is_null(ev["wall_ns"]))).as_py() else "wall_ns"
+
+
+def _kept(ss: SpanSet) -> dict[int, list[Span]]:
+    """Per rank: its spans that never returned, and its latest SPANS_PER_RANK closed ones, by start time.
+
+    One source per rank: where our own rings recorded the rank, its Flight Recorder / NCCL-log copies of the
+    same calls are left out (a gloo FR entry never retires, so it would draw a returned op as open)."""
+    by_rank: dict[int, list[Span]] = defaultdict(list)
+    for sp in ss.spans:
+        by_rank[sp.rank].append(sp)
+    out: dict[int, list[Span]] = {}
+    for rank, spans in by_rank.items():
+        if any(s.source == "events" for s in spans):
+            spans = [s for s in spans if s.source == "events"]
+        closed = sorted((s for s in spans if not s.open), key=lambda s: s.start)[-SPANS_PER_RANK:]
+        out[rank] = sorted(closed + [s for s in spans if s.open], key=lambda s: (s.start, s.end is None))
+    return out
+
+
+def _depths(spans: list[Span]) -> list[int]:
+    """Nesting level of each span within its thread (spans sorted by start): an op, the wait inside it, ..."""
+    stacks: dict[tuple, list[int | None]] = defaultdict(list)
+    out = []
+    for sp in spans:
+        ends = stacks[(sp.pid, sp.tid)]
+        while ends and ends[-1] is not None and ends[-1] <= sp.start:
+            ends.pop()
+        out.append(min(len(ends), _MAX_DEPTH - 1))
+        ends.append(sp.end)
+    return out
+
+
+def _is_hung_op(sp: Span, v: Verdict) -> bool:
+    op = v.operation
+    return op is not None and sp.name == op.name and sp.seq == op.seq and (op.group is None or sp.group == op.group)
+
+
+def _last_seen(result: Any, clock: str) -> int | None:
+    """The latest moment the inputs saw the job: stack samples and dumps are taken while it hangs, after its
+    last op record, so open calls are drawn as long as they were seen open."""
+    st = getattr(result.inputs, "stacks", None)
+    if st is None or st.num_rows == 0 or clock not in st.schema.names:
+        return None
+    return pc.max(st[clock]).as_py()
+
+
+def _timeline(ss: SpanSet, v: Verdict, seen: int | None) -> str:
+    kept = _kept(ss)
+    ranks = sorted(set(ss.ranks) | set(v.ranks))
+    if not kept:
+        return "<p>No timed op records (stacks and logs only).</p>"
+    start = min(s.start for spans in kept.values() for s in spans)
+    end = max(ss.t_end, seen or 0, start + 1)
+    span_ns = end - start
+    scale = (_W - _LABEL - 10) / span_ns
+
+    def x(t: int) -> float:
+        return _LABEL + (t - start) * scale
+
+    lanes: list[str] = []
+    y = _TOP
+    culprits, waiting = set(v.culprit_ranks), set(v.waiting_ranks)
+    for rank in ranks:
+        spans = kept.get(rank, [])
+        depths = _depths(spans)
+        height = _ROW * (max(depths, default=0) + 1) + 6
+        cls = "#b00020" if rank in culprits else ("#8a6d00" if rank in waiting else "#1d1d1f")
+        tag = " *" if rank in culprits else ""
+        lanes.append(f'<text x="4" y="{y + 12}" fill="{cls}">rank {rank}{tag}</text>'
+                     f'<line x1="{_LABEL}" x2="{_W - 10}" y1="{y + height}" y2="{y + height}" stroke="#eee"/>')
+        for sp, d in zip(spans, depths):
+            x0 = x(sp.start)
+            x1 = x(sp.end if sp.end is not None else end)
+            colour = "#d62728" if sp.open else _COLOURS.get(sp.category or "", "#999")
+            stroke = ' stroke="#000" stroke-width="1.5"' if _is_hung_op(sp, v) else ""
+            dur = "never returned" if sp.open else f"{(sp.end - sp.start) / 1e6:.3f} ms"  # type: ignore[operator]
+            tip = f"rank {rank}: {sp.name}" + (f" group={sp.group}" if sp.group else "") + (
+                f" seq={sp.seq}" if sp.seq is not None else "") + f" · {dur}" + (
+                f" · {sp.callsite}" if sp.callsite else "") + (f" · error: {sp.error}" if sp.error else "")
+            open_cls = ' class="open"' if sp.open else ""
+            lanes.append(f'<rect x="{x0:.1f}" y="{y + 3 + d * _ROW}" width="{max(x1 - x0, 1.0):.1f}" '
+                         f'height="{_ROW - 2}" fill="{colour}"{stroke}{open_cls}><title>{_e(tip)}</title></rect>')
+        y += height
+    ticks = []
+    for i in range(6):
+        t = start + span_ns * i / 5
+        ticks.append(f'<line x1="{x(int(t)):.1f}" x2="{x(int(t)):.1f}" y1="{_TOP - 6}" y2="{y}" stroke="#f0f0f0"/>'
+                     f'<text x="{x(int(t)) - 12:.1f}" y="{_TOP - 10}" fill="#666">{(t - end) / 1e9:+.2f} s</text>')
+    legend = "".join(f'<span><i class="sw" style="background:{c}"></i>{_e(k)}</span>' for k, c in _COLOURS.items())
+    clock = "wall clock" if ss.clock == "wall_ns" else "monotonic clock of one host"
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{y + 4}" role="img" '
+            f'aria-label="op timeline per rank">{"".join(ticks)}{"".join(lanes)}</svg>'
+            f'<p class="legend">{legend}<span><i class="sw" style="background:#d62728"></i>never returned</span>'
+            f'<span>outlined: the operation above</span></p>'
+            f'<p class="ev">Seconds before the last record or stack sample ({clock}); per rank its calls that never '
+            f'returned and '
+            f"its latest {SPANS_PER_RANK} others. Hover a bar for the call. A returned NCCL call was only enqueued "
+            "(DESIGN §2): a bar that ended is not an op that finished on the GPU.</p>")
+
+
+def _rank_table(v: Verdict) -> str:
+    if not v.ranks:
+        return ""
+    culprits = set(v.culprit_ranks)
+    rows = "".join(
+        f'<tr class="{"culprit" if r in culprits else ""}"><td>{r}{" *" if r in culprits else ""}</td>'
+        f"<td>{_e(s.state)}</td><td>{_e(s.innermost_open)}</td><td>{_e(s.last_op)}</td>"
+        f"<td>{_e(s.where or (s.stack[0] if s.stack else ''))}</td></tr>"
+        for r, s in sorted(v.ranks.items()))
+    return ("<h2>Ranks</h2><table><tr><th>rank</th><th>state</th><th>inside</th><th>last op</th><th>where</th></tr>"
+            f"{rows}</table>")
+
+
+def _findings(v: Verdict) -> str:
+    if not v.findings:
+        return ""
+    items = []
+    for f in v.findings:
+        ev = []
+        for e in f.evidence[:8]:
+            where = (e.file or e.source) + (f":{e.line}" if e.line is not None else "")
+            rank = f"rank {e.rank}: " if e.rank is not None else ""
+            ev.append(f'<li class="ev">{_e(rank + e.detail)} <code>[{_e(e.source)} {_e(where)}]</code></li>')
+        items.append(f"<li><b>[{_e(f.kind)}]</b> {_e(f.summary)} (confidence {f.confidence:.1f})"
+                     f"<ul>{''.join(ev)}</ul></li>")
+    return f"<h2>Evidence</h2><ul>{''.join(items)}</ul>"
+
+
+def render(result: Any) -> str:
+    v: Verdict = result.verdict
+    clock = _clock(result)
+    ss = pair_spans(result.events, clock, tail=6 * SPANS_PER_RANK)
+    facts = []
+    if v.operation is not None:
+        facts.append(f"<b>operation:</b> {_e(operation_text(v.operation))}")
+    for label, ranks in (("culprit ranks", v.culprit_ranks), ("waiting ranks", v.waiting_ranks),
+                         ("unobserved ranks (no evidence)", v.unobserved_ranks)):
+        if ranks:
+            facts.append(f"<b>{label}:</b> {_e(compact_ranks(ranks))}")
+    steps = "".join(f"<li>{_e(s)}</li>" for s in v.next_steps)
+    waits = "".join(f"<li>rank {e.rank} waits on {_e(compact_ranks(e.waits_on))} in {_e(e.op)}"
+                    + (f" (group {_e(e.group)}, seq {e.seq})" if e.group is not None else "") + "</li>"
+                    for e in v.wait_for)
+    inputs = "".join(f"<li><code>{_e(i)}</code></li>" for i in v.inputs)
+    title = f"{v.status.upper()} · {v.kind}"
+    return "".join([
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>ranktrace: {_e(title)}</title>',
+        f"<style>{_STYLE}</style></head><body>",
+        f'<h1 class="{_e(v.status)}">{_e(title)}</h1><p>{_e(v.summary)}</p>',
+        "<p>" + "<br>".join(facts) + "</p>" if facts else "",
+        _rank_table(v),
+        "<h2>Timeline</h2>", _timeline(ss, v, _last_seen(result, clock)),
+        f"<h2>Next steps</h2><ul>{steps}</ul>" if steps else "",
+        _findings(v),
+        f"<h2>Merged stacks (outermost first)</h2><pre>{_e(v.stack_tree)}</pre>" if v.stack_tree else "",
+        f"<h2>Who waits on whom</h2><ul>{waits}</ul>" if waits else "",
+        f"<h2>Inputs</h2><ul>{inputs}</ul>" if inputs else "",
+        '<p class="ev">ranktrace · verdict schema ranktrace.verdict/1 · the JSON verdict is verdict.json</p>',
+        "</body></html>\n",
+    ])
