@@ -130,9 +130,10 @@ def _analyze_after_run(run_dir: Path, show: bool = True) -> None:
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON (DESIGN §5 contract).")
 @click.option("--perfetto", type=click.Path(path_type=Path), default=None,
-              help="Also write a Chrome-trace JSON timeline (open in ui.perfetto.dev).")
+              help="Also write a Chrome-trace JSON timeline (open in ui.perfetto.dev); an existing file is refused.")
 @click.option("--html", "html_out", type=click.Path(path_type=Path), default=None,
-              help="Also write the verdict and a timeline picture as one self-contained HTML page.")
+              help="Also write the verdict and a timeline picture as one self-contained HTML page; an existing file "
+                   "is refused.")
 @click.option("--snapshot/--no-snapshot", default=True, show_default=True,
               help="If a traced job is still running here, dump its stacks (py-spy, non-blocking) first.")
 def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None, html_out: Path | None,
