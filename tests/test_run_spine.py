@@ -286,6 +286,28 @@ def test_a_job_reading_the_terminal_gets_it_instead_of_stopping(tmp_path: Path):
     assert b"the job reads the terminal" in out
 
 
+def test_the_job_is_continued_before_the_person_is_told_it_has_the_terminal(monkeypatch):
+    """A Ctrl-Z typed right after the hand-over line must find the job running: sent to a job still stopped by
+    SIGTTIN, the SIGTSTP stays pending and the SIGCONT that follows discards it (signal(7)) — seen in CI as a
+    Ctrl-Z that never suspended. The order is the whole fix, so it is what this checks."""
+    import signal as sig
+    import termios
+
+    from tracer import terminal
+
+    said: list[str] = []
+    monkeypatch.setattr(terminal, "give_terminal", lambda fd, pgid: said.append("terminal"))
+    monkeypatch.setattr(termios, "tcgetattr", lambda fd: [])
+    jt = terminal.JobTerminal(0, 4242, lambda s: said.append(sig.Signals(s).name), lambda line: said.append("told"),
+                              lambda: said.append("paused"))
+    jt._hand_over()
+    jt._hand_over()  # `fg` after Ctrl-Z: hand it back and continue, nothing said
+    assert said == ["terminal", "paused", "SIGCONT", "told", "terminal", "SIGCONT"]
+    signal_state = sig.getsignal(sig.SIGTTOU)
+    jt.restore()
+    assert signal_state == sig.SIG_IGN
+
+
 def test_ctrl_z_under_a_shell_suspends_trace_run_and_fg_resumes_the_job(tmp_path: Path):
     """Under an interactive bash (job control), Ctrl-Z on a job that has the terminal stops `trace run` as the
     shell's job; `fg` resumes it, the terminal goes back to the job, and the job reads its line."""

@@ -103,14 +103,19 @@ class JobTerminal:
         except OSError as e:
             self.log(f"the job stopped to read the terminal, which could not be handed to it: {e}")
             return
-        if not self.handed:
+        first = not self.handed
+        if first:
             self.handed = True
             # our own lines now come from the background: never stopped for them, even under `stty tostop`
             self._prev_ttou = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
             self.on_first()
+        # Continue the job *before* saying so: a Ctrl-Z typed after the line must find it running. Sent while it
+        # was still stopped, SIGTSTP would be pending, and this SIGCONT would discard it (signal(7)): the job
+        # would go on reading and the person's Ctrl-Z would be lost.
+        self.send(signal.SIGCONT)
+        if first:
             self.log("the job reads the terminal: it has it now (Ctrl-C goes to the job directly; hang detection "
                      "paused)")
-        self.send(signal.SIGCONT)
 
     def _take_back(self) -> None:
         assert self.fd is not None
