@@ -4,6 +4,7 @@ The CLI, ``trace run`` and the watchdog all call these; nothing here prints or e
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,12 +42,25 @@ def write_run_files(run_dir: Path, result: AnalysisResult) -> str | None:
     people: a failure there is returned as one line and never costs the verdict)."""
     from analyzers.report import html_report, json_report
 
-    (run_dir / "verdict.json").write_text(json_report.render(result.verdict))
+    _replace(run_dir / "verdict.json", json_report.render(result.verdict))
+    page = run_dir / "report.html"
     try:
-        (run_dir / "report.html").write_text(html_report.render(result))
+        _replace(page, html_report.render(result))
     except Exception as e:  # noqa: BLE001 - the page is extra; the verdict above is what must land
+        page.unlink(missing_ok=True)  # never a page of an older verdict beside this one
         return f"report.html not written: {type(e).__name__}: {e}"
     return None
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write `text` to `path` whole or not at all (a reader never sees half a file; both are rewritten on every
+    silence the watchdog reports)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def exit_code(v: Verdict) -> int:

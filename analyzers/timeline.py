@@ -24,8 +24,8 @@ import pyarrow.compute as pc
 
 from analyzers import schema
 
-__all__ = ["OPS", "build_ops", "last_issued", "OpenSpan", "open_spans", "open_enter_rows", "last_phase",
-           "BLOCKING_COMPLETE_BACKENDS"]
+__all__ = ["OPS", "build_ops", "last_issued", "OpenSpan", "open_spans", "open_enter_rows", "dictionary_codes",
+           "last_phase", "BLOCKING_COMPLETE_BACKENDS"]
 
 BLOCKING_COMPLETE_BACKENDS = ("gloo",)
 # Sources that never say an op finished (our own hooks on NCCL or --hook backends record issue and return only;
@@ -100,6 +100,9 @@ def _dict_codes(arr: Column) -> tuple[np.ndarray, pa.Array]:
         dictionary, indices = enc.dictionary, enc.indices
     indices = pc.fill_null(indices, -1) if indices.null_count else indices
     return np.asarray(_np(indices), dtype=np.int32), dictionary
+
+
+dictionary_codes = _dict_codes  # the public name, for the renderers
 
 
 def _take(col: Column, idx: np.ndarray, missing: np.ndarray | None = None) -> Column:

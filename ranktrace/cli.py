@@ -64,7 +64,7 @@ def _check_hooks(_ctx: click.Context, _param: click.Parameter, values: tuple[str
 @click.option("--nccl-debug", default=None, help="NCCL_DEBUG level for the ranks (default INFO; yours wins).")
 @click.option("--nccl-coll", is_flag=True, help="Add COLL to NCCL_DEBUG_SUBSYS (one line per collective).")
 @click.option("--analyze/--no-analyze", default=True, show_default=True,
-              help="Analyze the trace when the job ends and write <run>/verdict.json.")
+              help="Analyze the trace when the job ends and write <run>/verdict.json and <run>/report.html.")
 @click.option("--hang-after", type=click.FloatRange(min=1), default=60.0, show_default=True,
               help="Seconds without progress (after the first collective) that count as a hang.")
 @click.option("--startup-hang-after", type=click.FloatRange(min=1), default=600.0, show_default=True,
@@ -101,7 +101,7 @@ def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll
                          hook_problems=fin.get("hook_problems", []))
     except Exception as e:  # the job's status must come through whatever happens to us
         _err(f"could not finalize the trace in {outcome.host_dir}: {type(e).__name__}: {e}")
-    if analyze:  # after --on-hang kill the hang report was already printed: only refresh verdict.json
+    if analyze:  # after --on-hang kill the hang report was already printed: only refresh verdict.json/report.html
         _analyze_after_run(outcome.run_dir, show=not outcome.killed_on_hang)
     if outcome.killed_on_hang:
         _err(f"hang detected and the job terminated (--on-hang kill): exit code 3 is ranktrace's "
@@ -164,11 +164,20 @@ def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None, html_
         _err(f"analysis failed (a ranktrace bug, please report): {type(e).__name__}: {e}")
         sys.exit(4)
     verdict = result.verdict
+    if perfetto is not None and html_out is not None and perfetto.resolve() == html_out.resolve():
+        _err(f"--perfetto and --html name the same file {perfetto}")
+        sys.exit(EXIT_USAGE)
     for out, renderer in ((perfetto, perfetto_report), (html_out, html_report)):
         if out is None:
             continue
         try:
-            out.write_text(renderer.render(result))
+            text = renderer.render(result)
+        except Exception as e:  # a bug of ours in a picture: one line; the verdict below still comes
+            _err(f"{out} not written (a ranktrace bug, please report): {type(e).__name__}: {e}")
+            continue
+        try:
+            with open(out, "x", encoding="utf-8") as f:  # "x": never over a file that appeared meanwhile
+                f.write(text)
         except OSError as e:
             _err(f"cannot write {out}: {e.strerror or e}")
             sys.exit(EXIT_USAGE)

@@ -232,14 +232,39 @@ def test_report_html_escapes_what_came_from_the_trace():
 
     from analyzers.report import html_report
 
+    from analyzers.report import text_report
+
     result = facade.analyze_with_timeline([SCEN / "nsys_open_range"])
-    evil = "<script>alert(1)</script>"
+    evil = "<script>alert(1)</script>[/x]:bug:"
     ev = result.events
-    ev = ev.set_column(ev.schema.get_field_index("callsite"), "callsite", pa.array([evil] * ev.num_rows, pa.string()))
+    for col in ("callsite", "error", "name"):
+        ev = ev.set_column(ev.schema.get_field_index(col), col, pa.array([f"{col}{evil}"] * ev.num_rows, pa.string()))
     verdict = dataclasses.replace(result.verdict, summary=f"rank 0 {evil}", next_steps=(evil,))
     page = html_report.render(dataclasses.replace(result, events=ev, verdict=verdict))
     assert "<script" not in page and html.escape(evil) in page
-    assert page.count(html.escape(evil)) >= 3  # summary, next step, and a bar's call site
+    assert all(html.escape(f"{col}{evil}") in page for col in ("callsite", "name"))  # a bar's tooltip
+    # the terminal report takes the same text as text: no rich markup error, no emoji code turned into one
+    assert f"rank 0 {evil}" in text_report.render(verdict, width=400)
+
+
+def test_run_files_keep_the_verdict_when_the_page_fails(tmp_path: Path, monkeypatch):
+    """verdict.json is the contract and always lands; a failing report.html is one line, and no page of an older
+    verdict stays beside the new one."""
+    from analyzers.report import html_report
+
+    result = facade.analyze_with_timeline([SCEN / "nsys_open_range"])
+    assert facade.write_run_files(tmp_path, result) is None
+    assert (tmp_path / "report.html").read_text().startswith("<!doctype html>")
+
+    def broken(_result):  # noqa: ANN001, ANN202
+        raise ValueError("a bug in the page")
+
+    monkeypatch.setattr(html_report, "render", broken)
+    (tmp_path / "verdict.json").unlink()
+    problem = facade.write_run_files(tmp_path, result)
+    assert problem == "report.html not written: ValueError: a bug in the page"
+    assert json.loads((tmp_path / "verdict.json").read_text())["status"] == result.verdict.status
+    assert not (tmp_path / "report.html").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["verdict.json"]
 
 
 def test_cli_exit_codes_and_json(tmp_path: Path):

@@ -177,7 +177,8 @@ def test_trace_dir_deleted_under_a_running_monitor(tmp_path: Path):
         except ProcessLookupError:
             pass
     # the job's own traceback (its frames pass through our wrappers) but none from trace run itself
-    for ours in ("ranktrace/cli.py", "tracer/launcher.py", "tracer/monitor.py", "tracer/samplers.py", "tracer/meta.py"):
+    for ours in ("ranktrace/cli.py", "tracer/launcher.py", "tracer/monitor.py", "tracer/proc_sampler.py",
+                 "tracer/stack_sampler.py", "tracer/ring_tail.py", "tracer/sample_log.py", "tracer/meta.py"):
         assert ours not in err, err[-3000:]
     assert proc.returncode == 1, err[-2000:]
     assert err.strip().splitlines()[-1].startswith("[ranktrace] job exited with status 1")

@@ -484,10 +484,16 @@ class Monitor:
             return None
         v = result.verdict
         picture = f"{v.kind}|{v.culprit_ranks}|{v.operation}"
-        problem = facade.write_run_files(self.run_dir, result)
+        try:
+            problem = facade.write_run_files(self.run_dir, result)
+        except OSError as e:  # disk full, run dir removed: say so; the verdict is still printed and acted on
+            problem = f"verdict.json not written: {e}"
         if problem:
             self.log(problem)
         if picture != self.state.reported:
             self.state.reported = picture
-            self.show(text_report.render(v))
+            try:
+                self.show(text_report.render(v))
+            except Exception as e:  # the verdict is on disk; a report bug must not stop --on-hang
+                self.log(f"report failed: {type(e).__name__}: {e}")
         return picture

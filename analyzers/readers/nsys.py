@@ -48,7 +48,8 @@ Time: ``t_ns`` is the raw nsys session-clock timestamp (ns). ``wall_ns = utcEpoc
 ``TARGET_INFO_SESSION_START_TIME`` (+ ``utcEpochNs + t`` when the export was time-normalized). Both rules are
 **unverified** on multi-node captures (formats.md §2.3): compare hosts by wall clock with care.
 
-Bounded memory: every large table is read with ``fetchmany`` in batches of :data:`BATCH_ROWS`, each batch turned
+Bounded memory: every large table is read with ``fetchmany`` in batches of ``nsys_export.BATCH_ROWS`` (set it
+there), each batch turned
 into an Arrow table at once; only op ranges (for kernel attribution) and small lookup tables stay in Python.
 
 Bad input: a missing/empty/non-SQLite file, one cut inside its first page, a locked database (another process

@@ -45,17 +45,27 @@ def _e(x: Any) -> str:
     return html.escape("" if x is None else str(x), quote=True)
 
 
-def _clock(result: Any) -> str:
-    """wall_ns when every timed row has it (comparable across hosts), else the monotonic t_ns (one host)."""
+def _clock(result: Any) -> tuple[str, int]:
+    """The clock of the picture and how many timed rows it leaves out: wall_ns (comparable across hosts) unless
+    more rows carry only the monotonic t_ns (one host's clock; Kineto or nsys without a session start)."""
     ev = result.events
     if ev.num_rows == 0:
-        return "t_ns"
-    timed = pc.and_(pc.is_valid(ev["rank"]), pc.is_valid(ev["t_ns"]))
-    return "t_ns" if pc.any(pc.and_(timed, pc.is_null(ev["wall_ns"]))).as_py() else "wall_ns"
+        return "wall_ns", 0
+    ranked = pc.is_valid(ev["rank"])
+    n_wall = pc.sum(pc.and_(ranked, pc.is_valid(ev["wall_ns"]))).as_py() or 0
+    n_mono = pc.sum(pc.and_(ranked, pc.is_valid(ev["t_ns"]))).as_py() or 0
+    n_any = pc.sum(pc.and_(ranked, pc.or_(pc.is_valid(ev["wall_ns"]), pc.is_valid(ev["t_ns"])))).as_py() or 0
+    return ("wall_ns", n_any - n_wall) if n_wall >= n_mono else ("t_ns", n_any - n_mono)
 
 
-def _kept(ss: SpanSet) -> dict[int, list[Span]]:
-    """Per rank: its spans that never returned, and its latest SPANS_PER_RANK closed ones, by start time.
+def _per_rank(n_ranks: int) -> int:
+    """Closed spans drawn per rank: SPANS_PER_RANK for a node, fewer for thousands of ranks (the page stays small)."""
+    return max(5, min(SPANS_PER_RANK, 4000 // max(1, n_ranks)))
+
+
+def _kept(ss: SpanSet, per_rank: int) -> dict[int, list[Span]]:
+    """Per rank: its spans that never returned, and its latest `per_rank` closed ones; sorted by start, an
+    enclosing span before what it encloses.
 
     One source per rank: where our own rings recorded the rank, its Flight Recorder / NCCL-log copies of the
     same calls are left out (a gloo FR entry never retires, so it would draw a returned op as open)."""
@@ -66,27 +76,32 @@ def _kept(ss: SpanSet) -> dict[int, list[Span]]:
     for rank, spans in by_rank.items():
         if any(s.source == "events" for s in spans):
             spans = [s for s in spans if s.source == "events"]
-        closed = sorted((s for s in spans if not s.open), key=lambda s: s.start)[-SPANS_PER_RANK:]
-        out[rank] = sorted(closed + [s for s in spans if s.open], key=lambda s: (s.start, s.end is None))
+        closed = sorted((s for s in spans if not s.open), key=lambda s: s.start)[-per_rank:]
+        out[rank] = sorted(closed + [s for s in spans if s.open],
+                           key=lambda s: (s.start, -(s.end if s.end is not None else float("inf"))))
     return out
 
 
-def _depths(spans: list[Span]) -> list[int]:
-    """Nesting level of each span within its thread (spans sorted by start): an op, the wait inside it, ..."""
-    stacks: dict[tuple, list[int | None]] = defaultdict(list)
+def _levels(spans: list[Span]) -> list[int]:
+    """Row of each span within its rank's lane (spans sorted as _kept sorts them): the first row whose last span
+    has ended, so a call and the wait inside it, or two threads' overlapping calls, never cover each other."""
+    row_end: list[float] = []
     out = []
     for sp in spans:
-        ends = stacks[(sp.pid, sp.tid)]
-        while ends and ends[-1] is not None and ends[-1] <= sp.start:
-            ends.pop()
-        out.append(min(len(ends), _MAX_DEPTH - 1))
-        ends.append(sp.end)
+        end = sp.end if sp.end is not None else float("inf")
+        row = next((i for i, e in enumerate(row_end) if e <= sp.start), len(row_end))
+        if row == len(row_end):
+            row_end.append(end)
+        else:
+            row_end[row] = end
+        out.append(min(row, _MAX_DEPTH - 1))
     return out
 
 
 def _is_hung_op(sp: Span, v: Verdict) -> bool:
     op = v.operation
-    return op is not None and sp.name == op.name and sp.seq == op.seq and (op.group is None or sp.group == op.group)
+    return (op is not None and op.seq is not None and sp.name == op.name and sp.seq == op.seq
+            and (op.group is None or sp.group == op.group))
 
 
 def _last_seen(result: Any, clock: str) -> int | None:
@@ -98,25 +113,37 @@ def _last_seen(result: Any, clock: str) -> int | None:
     return pc.max(st[clock]).as_py()
 
 
-def _timeline(ss: SpanSet, v: Verdict, seen: int | None) -> str:
-    kept = _kept(ss)
+def _window(kept: dict[int, list[Span]], seen: int | None) -> tuple[int, int]:
+    """(start, end) of the picture from what is drawn: from the earliest kept *returned* call (a phase or init
+    span open since the job began would squeeze everything else into a pixel: it is clipped at the left edge)
+    to the latest record or stack sample of the drawn ranks."""
+    spans = [s for ss in kept.values() for s in ss]
+    closed = [s for s in spans if not s.open]
+    start = min(s.start for s in (closed or spans))
+    times = [s.end for s in closed if s.end is not None] + [s.start for s in spans]
+    end = max(times + ([seen] if seen is not None else []))
+    return start, max(end, start + 1)
+
+
+def _timeline(ss: SpanSet, v: Verdict, seen: int | None, left_out: int) -> str:
     ranks = sorted(set(ss.ranks) | set(v.ranks))
+    per_rank = _per_rank(len(ranks))
+    kept = _kept(ss, per_rank)
     if not kept:
         return "<p>No timed op records (stacks and logs only).</p>"
-    start = min(s.start for spans in kept.values() for s in spans)
-    end = max(ss.t_end, seen or 0, start + 1)
+    start, end = _window(kept, seen)
     span_ns = end - start
     scale = (_W - _LABEL - 10) / span_ns
 
     def x(t: int) -> float:
-        return _LABEL + (t - start) * scale
+        return _LABEL + (max(t, start) - start) * scale
 
     lanes: list[str] = []
     y = _TOP
     culprits, waiting = set(v.culprit_ranks), set(v.waiting_ranks)
     for rank in ranks:
         spans = kept.get(rank, [])
-        depths = _depths(spans)
+        depths = _levels(spans)
         height = _ROW * (max(depths, default=0) + 1) + 6
         cls = "#b00020" if rank in culprits else ("#8a6d00" if rank in waiting else "#1d1d1f")
         tag = " *" if rank in culprits else ""
@@ -127,7 +154,9 @@ def _timeline(ss: SpanSet, v: Verdict, seen: int | None) -> str:
             x1 = x(sp.end if sp.end is not None else end)
             colour = "#d62728" if sp.open else _COLOURS.get(sp.category or "", "#999")
             stroke = ' stroke="#000" stroke-width="1.5"' if _is_hung_op(sp, v) else ""
-            dur = "never returned" if sp.open else f"{(sp.end - sp.start) / 1e6:.3f} ms"  # type: ignore[operator]
+            dur = "never returned" if sp.end is None else f"{max(sp.end - sp.start, 0) / 1e6:.3f} ms"
+            if sp.start < start:
+                dur += f", started {(start - sp.start) / 1e9:.1f} s before the picture"
             tip = f"rank {rank}: {sp.name}" + (f" group={sp.group}" if sp.group else "") + (
                 f" seq={sp.seq}" if sp.seq is not None else "") + f" · {dur}" + (
                 f" · {sp.callsite}" if sp.callsite else "") + (f" · error: {sp.error}" if sp.error else "")
@@ -142,13 +171,14 @@ def _timeline(ss: SpanSet, v: Verdict, seen: int | None) -> str:
                      f'<text x="{x(int(t)) - 12:.1f}" y="{_TOP - 10}" fill="#666">{(t - end) / 1e9:+.2f} s</text>')
     legend = "".join(f'<span><i class="sw" style="background:{c}"></i>{_e(k)}</span>' for k, c in _COLOURS.items())
     clock = "wall clock" if ss.clock == "wall_ns" else "monotonic clock of one host"
+    if left_out:
+        clock += f"; {left_out} record(s) without that clock are not drawn"
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{y + 4}" role="img" '
             f'aria-label="op timeline per rank">{"".join(ticks)}{"".join(lanes)}</svg>'
             f'<p class="legend">{legend}<span><i class="sw" style="background:#d62728"></i>never returned</span>'
             f'<span>outlined: the operation above</span></p>'
             f'<p class="ev">Seconds before the last record or stack sample ({clock}); per rank its calls that never '
-            f'returned and '
-            f"its latest {SPANS_PER_RANK} others. Hover a bar for the call. A returned NCCL call was only enqueued "
+            f"returned and its latest {per_rank} others. Hover a bar for the call. A returned NCCL call was only enqueued "
             "(DESIGN §2): a bar that ended is not an op that finished on the GPU.</p>")
 
 
@@ -182,7 +212,7 @@ def _findings(v: Verdict) -> str:
 
 def render(result: Any) -> str:
     v: Verdict = result.verdict
-    clock = _clock(result)
+    clock, left_out = _clock(result)
     ss = pair_spans(result.events, clock, tail=6 * SPANS_PER_RANK)
     facts = []
     if v.operation is not None:
@@ -203,7 +233,7 @@ def render(result: Any) -> str:
         f'<h1 class="{_e(v.status)}">{_e(title)}</h1><p>{_e(v.summary)}</p>',
         "<p>" + "<br>".join(facts) + "</p>" if facts else "",
         _rank_table(v),
-        "<h2>Timeline</h2>", _timeline(ss, v, _last_seen(result, clock)),
+        "<h2>Timeline</h2>", _timeline(ss, v, _last_seen(result, clock), left_out),
         f"<h2>Next steps</h2><ul>{steps}</ul>" if steps else "",
         _findings(v),
         f"<h2>Merged stacks (outermost first)</h2><pre>{_e(v.stack_tree)}</pre>" if v.stack_tree else "",

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analyzers.timeline import open_enter_rows
+from analyzers.timeline import dictionary_codes, open_enter_rows
 
 __all__ = ["Span", "Mark", "SpanSet", "pair_spans"]
 
@@ -80,10 +80,10 @@ def _span(s: dict[str, Any], end: int | None, error: str | None, clock: str) -> 
                 start=s[clock], end=end, error=error, source=s["source"])
 
 
-def _tail_rows(rank: np.ndarray, t: np.ndarray, tail: int) -> np.ndarray:
-    """Positions (ascending) of each rank's latest `tail` entries of `t`."""
-    order = np.lexsort((t, rank))  # by rank, then time
-    r = rank[order]
+def _tail_rows(group: np.ndarray, t: np.ndarray, tail: int) -> np.ndarray:
+    """Positions (ascending) of each group's latest `tail` entries of `t`."""
+    order = np.lexsort((t, group))  # by group, then time
+    r = group[order]
     new = np.concatenate(([False], r[1:] != r[:-1]))
     last_of_group = np.append(np.flatnonzero(new) - 1, r.size - 1)  # position of each rank's last entry
     from_end = last_of_group[np.cumsum(new)] - np.arange(r.size)
@@ -92,8 +92,11 @@ def _tail_rows(rank: np.ndarray, t: np.ndarray, tail: int) -> np.ndarray:
 
 def pair_spans(events: pa.Table, clock: str = "t_ns", tail: int | None = None) -> SpanSet:
     """Pair the EVENTS rows that have a rank and a time on `clock` ("t_ns": one host's monotonic clock, exact
-    within a host; "wall_ns": comparable across hosts). `tail`: only each rank's latest `tail` rows, plus every
-    enter never closed (a page that shows the end of a long run need not turn millions of rows into objects)."""
+    within a host; "wall_ns": comparable across hosts).
+
+    `tail`: only the latest `tail` rows of each (rank, source), plus every enter of ours (span id) never closed —
+    a page that shows the end of a long run need not turn millions of rows into objects. A reader's enter without
+    a span id (nsys, Kineto, NCCL log) that never closed is found only among its source's latest rows."""
     timed = np.asarray(pc.and_(pc.is_valid(events["rank"]), pc.is_valid(events[clock])).to_numpy(
         zero_copy_only=False), dtype=bool) if events.num_rows else np.zeros(0, dtype=bool)
     idx = np.flatnonzero(timed)
@@ -104,8 +107,11 @@ def pair_spans(events: pa.Table, clock: str = "t_ns", tail: int | None = None) -
     t0, t_end = int(t.min()), int(t.max())
     all_ranks = pc.unique(events["rank"].filter(pa.array(timed))).to_pylist()
     if tail is not None and idx.size > tail:
+        # per (rank, source): a reader's dense rows (nsys kernels) never crowd out the rank's own ring records
+        source = dictionary_codes(events["source"])[0][idx].astype(np.int64) + 1  # null -> 0
+        group = (rank - rank.min()) * (int(source.max()) + 1) + source
         opened = open_enter_rows(events)
-        idx = np.union1d(idx[_tail_rows(rank, t, tail)], opened[timed[opened]])  # both small
+        idx = np.union1d(idx[_tail_rows(group, t, tail)], opened[timed[opened]])  # both small
     ev = events.select(list(dict.fromkeys(_COLUMNS + (clock,)))).take(pa.array(idx))
     rows = ev.select(list(_COLUMNS) + [clock]).to_pylist()
     spans: list[Span] = []

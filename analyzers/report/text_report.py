@@ -21,10 +21,10 @@ BINARY = False
 
 def render(verdict: Verdict, width: int = 120) -> str:
     buf = io.StringIO()
-    con = Console(file=buf, width=width, color_system=None, force_terminal=False, highlight=False)
+    con = Console(file=buf, width=width, color_system=None, force_terminal=False, highlight=False, emoji=False)
     head = f"{verdict.status.upper()} · {verdict.kind}"
     con.print(Text(head, style="bold"))
-    con.print(verdict.summary)
+    con.print(verdict.summary, markup=False)  # trace text is data: a "[/x]" in it is not rich markup
     if verdict.operation is not None:
         con.print("operation: " + operation_text(verdict.operation), markup=False)
     if verdict.culprit_ranks:
@@ -39,8 +39,8 @@ def render(verdict: Verdict, width: int = 120) -> str:
             t.add_column(col, overflow="fold")
         culprits = set(verdict.culprit_ranks)
         for r, s in sorted(verdict.ranks.items()):
-            t.add_row(f"{r}{' *' if r in culprits else ''}", s.state, s.innermost_open or "", s.last_op or "",
-                      s.where or (s.stack[0] if s.stack else ""))
+            t.add_row(*(Text(c) for c in (f"{r}{' *' if r in culprits else ''}", s.state, s.innermost_open or "",
+                                          s.last_op or "", s.where or (s.stack[0] if s.stack else ""))))
         con.print(t)
     if verdict.stack_tree:
         con.print(Text("merged stacks (outermost first):", style="bold"))
