@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -245,6 +246,15 @@ def test_report_html_escapes_what_came_from_the_trace():
     assert all(html.escape(f"{col}{evil}") in page for col in ("callsite", "name"))  # a bar's tooltip
     # the terminal report takes the same text as text: no rich markup error, no emoji code turned into one
     assert f"rank 0 {evil}" in text_report.render(verdict, width=400)
+
+
+def test_report_html_draws_phase_marks_of_a_server_log():
+    """A serving engine's log has phases, not ops: the page still shows each rank's lane with its phase marks."""
+    from analyzers.report import html_report
+
+    page = html_report.render(facade.analyze_with_timeline([SCEN / "server_log_graph_registration"]))
+    marks = re.findall(r'<path [^>]*><title>rank (\d+): ([^<]*)</title>', page)
+    assert ("0", "dist_init_begin") in marks and "No timed op records" not in page
 
 
 def test_run_files_keep_the_verdict_when_the_page_fails(tmp_path: Path, monkeypatch):

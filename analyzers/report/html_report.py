@@ -25,7 +25,8 @@ EXTENSION = ".html"
 BINARY = False
 
 SPANS_PER_RANK = 40   # closed spans kept per rank (its latest); spans that never returned are always drawn
-_MAX_DEPTH = 4        # nesting levels drawn per lane (op ⊃ wait ⊃ ...); deeper spans share the last level
+_MAX_DEPTH = 4        # rows drawn per lane (op ⊃ wait ⊃ ..., other threads); further spans share the last row
+_MARKS_PER_RANK = 20  # latest marks drawn per rank (phase changes, a ring that wrapped, untraced ops)
 _W, _LABEL, _ROW, _TOP = 1100, 90, 9, 28  # picture width, label column, height of one nesting level, axis band
 _COLOURS = {"collective": "#4878d0", "p2p": "#956cb4", "sync": "#8c8c8c", "graph": "#ee854a", "init": "#6acc64",
             "phase": "#d5bb67", "user": "#82c6e2"}
@@ -129,19 +130,31 @@ def _timeline(ss: SpanSet, v: Verdict, seen: int | None, left_out: int) -> str:
     ranks = sorted(set(ss.ranks) | set(v.ranks))
     per_rank = _per_rank(len(ranks))
     kept = _kept(ss, per_rank)
-    if not kept:
+    if kept:
+        start, end = _window(kept, seen)
+    elif ss.marks:  # marks only (a phase log, say): their own span of time
+        start = min(m.t for m in ss.marks)
+        end = max([m.t for m in ss.marks] + ([seen] if seen is not None else [])) + 1
+    else:
         return "<p>No timed op records (stacks and logs only).</p>"
-    start, end = _window(kept, seen)
     span_ns = end - start
     scale = (_W - _LABEL - 10) / span_ns
 
     def x(t: int) -> float:
         return _LABEL + (max(t, start) - start) * scale
 
+    marks: dict[int, list[Any]] = defaultdict(list)
+    for m in ss.marks:
+        if start <= m.t <= end:
+            marks[m.rank].append(m)
     lanes: list[str] = []
     y = _TOP
     culprits, waiting = set(v.culprit_ranks), set(v.waiting_ranks)
     for rank in ranks:
+        for m in sorted(marks.get(rank, []), key=lambda m: m.t)[-_MARKS_PER_RANK:]:  # phases, ring wrapped, ...
+            mx = x(m.t)
+            lanes.append(f'<path d="M{mx - 4:.1f} {y}h8l-4 6z" fill="#333"><title>{_e(f"rank {rank}: {m.name}")}'
+                         "</title></path>")
         spans = kept.get(rank, [])
         depths = _levels(spans)
         height = _ROW * (max(depths, default=0) + 1) + 6
@@ -176,7 +189,7 @@ def _timeline(ss: SpanSet, v: Verdict, seen: int | None, left_out: int) -> str:
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{y + 4}" role="img" '
             f'aria-label="op timeline per rank">{"".join(ticks)}{"".join(lanes)}</svg>'
             f'<p class="legend">{legend}<span><i class="sw" style="background:#d62728"></i>never returned</span>'
-            f'<span>outlined: the operation above</span></p>'
+            f'<span>outlined: the operation above</span><span>&#9660; a mark (phase, ring wrapped, ...)</span></p>'
             f'<p class="ev">Seconds before the last record or stack sample ({clock}); per rank its calls that never '
             f"returned and its latest {per_rank} others. Hover a bar for the call. A returned NCCL call was only enqueued "
             "(DESIGN §2): a bar that ended is not an op that finished on the GPU.</p>")
