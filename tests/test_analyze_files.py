@@ -248,6 +248,24 @@ def test_report_html_escapes_what_came_from_the_trace():
     assert f"rank 0 {evil}" in text_report.render(verdict, width=400)
 
 
+@pytest.mark.parametrize("log,expected,code", [
+    # an SGLang server that said it is ready and then only waits for requests: idle, not hung (exit 0)
+    ("sglang_dp_pp_ep_docker.log", ("idle", "no_hang"), 0),
+    # a vLLM V0 log that stops while loading, with nothing pending and no stacks: no verdict is claimed (exit 4)
+    ("vllm_v0_single_gpu.log", ("inconclusive", "unknown"), 4),
+])
+def test_serving_idle_and_not_enough_evidence(log: str, expected: tuple[str, str], code: int):
+    res = subprocess.run(TRACE + ["analyze", "--json", str(REPO / "tests/data/readers/server_log" / log)],
+                         capture_output=True, text=True, env=trace_env())
+    v = json.loads(res.stdout)
+    assert (v["status"], v["kind"]) == expected and res.returncode == code, res.stderr
+    assert not v["culprit_ranks"] and not v["waiting_ranks"]
+    if expected[0] == "idle":
+        assert "serving and idle" in v["summary"]
+    else:
+        assert any("Capture stacks while it is hung" in s for s in v["next_steps"])
+
+
 def test_report_html_draws_phase_marks_of_a_server_log():
     """A serving engine's log has phases, not ops: the page still shows each rank's lane with its phase marks."""
     from analyzers.report import html_report
