@@ -111,6 +111,45 @@ def test_exit_status_and_signals_pass_through(tmp_path: Path, code: int, expecte
     assert line.startswith("[ranktrace]") and f"exit code {expected}" in line
 
 
+def test_a_crash_with_nothing_pending_and_a_run_killed_midway_are_not_called_hangs(tmp_path: Path):
+    """Two verdicts that must not blame anyone: the job failed with no collective pending (crashed, unknown), and
+    `trace run` itself was SIGKILLed with its job (no exit status and nothing alive, though the killed rank may
+    still be an unreaped zombie: inconclusive, exit 4)."""
+    import json
+
+    crash = tmp_path / "crash"
+    res = run_trace(["run", "-o", str(crash), "--", PY, "-c", "import torch.distributed, sys; sys.exit(7)"])
+    assert res.returncode == 7
+    v = json.loads((crash / "verdict.json").read_text())
+    assert (v["status"], v["kind"], v["culprit_ranks"]) == ("crashed", "unknown", [])
+    assert "ended with status 7; no collective was left pending" in v["summary"]
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(TRACE + ["run", "-o", str(killed), "--no-monitor", "--", PY, "-c",
+                                     "import torch.distributed, time; time.sleep(120)"],
+                            env=trace_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(killed.glob("*/rings/*.ring")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        rings = list(killed.glob("*/rings/*.ring"))
+        assert rings
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)  # trace run first: it never writes an exit status
+        proc.wait()
+        for ring in killed.glob("*/rings/*.ring"):  # then the job (its own process group), by its ring's pid
+            try:
+                os.kill(int(ring.name.split(".")[0].split("-")[0]), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+    # no sleep: the job is a zombie until whoever inherited it reaps it, and a zombie is not a live rank
+    res = run_trace(["analyze", "--json", str(killed)])
+    v = json.loads(res.stdout)
+    assert (v["status"], v["kind"], res.returncode) == ("inconclusive", "unknown", 4), res.stderr[-2000:]
+    assert "no exit status and none of its processes is alive" in v["summary"]
+
+
 def test_missing_command_is_one_line_and_exit_2(tmp_path: Path):
     res = run_trace(["run", "-o", str(tmp_path / "r"), "--", "no-such-command-xyz"])
     assert res.returncode == 2

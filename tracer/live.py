@@ -50,9 +50,10 @@ def live_pids(host_dir: Path) -> list[int]:
 
 
 def ring_owner_alive(pid: int, ring: Path) -> bool:
-    """Whether process `pid` started no later than `ring`'s header says the ring was made. The header has
-    CLOCK_MONOTONIC; /proc/<pid>/stat counts from boot including suspended time (CLOCK_BOOTTIME): the ring's time
-    is moved onto that clock by today's difference between the two, with 1 s of slack for tick rounding."""
+    """Whether process `pid` is running (not a zombie) and started no later than `ring`'s header says the ring
+    was made. The header has CLOCK_MONOTONIC; /proc/<pid>/stat counts from boot including suspended time
+    (CLOCK_BOOTTIME): the ring's time is moved onto that clock by today's difference between the two, with 1 s of
+    slack for tick rounding."""
     try:
         with open(ring, "rb") as f:
             head = f.read(rf.HEADER.size)
@@ -62,8 +63,10 @@ def ring_owner_alive(pid: int, ring: Path) -> bool:
         created_s = fields[3] / 1e9 + (time.clock_gettime(time.CLOCK_BOOTTIME) - time.monotonic())
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
-        start_ticks = int(stat[stat.rindex(b")") + 2:].split()[19])
-        started_s = start_ticks / os.sysconf("SC_CLK_TCK")
+        fields_after = stat[stat.rindex(b")") + 2:].split()
+        if fields_after[0] in (b"Z", b"X"):  # killed, not yet reaped by whoever inherited it: not alive
+            return False
+        started_s = int(fields_after[19]) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, struct.error):
         return False
     return started_s <= created_s + 1.0

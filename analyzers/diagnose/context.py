@@ -136,16 +136,6 @@ def _ras_events(obs: pa.Table) -> pa.Table:
     return schema.table_from_rows(schema.EVENTS, rows)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
 def _job_status(inputs: Inputs) -> JobStatus:
     if not inputs.hosts:
         return JobStatus(False, False, None, None)
@@ -157,11 +147,11 @@ def _job_status(inputs: Inputs) -> JobStatus:
     host = os.uname().nodename
     local = all((h.meta or {}).get("hostname") == host for h in inputs.hosts)
     if not ended:
+        from tracer import live as live_mod  # one rule for "alive": its ring's process, running, not a zombie
+
         for h in inputs.hosts:
             if (h.meta or {}).get("hostname") == host:
-                live.extend(int(p) for p in ((h.meta or {}).get("pids") or {}) if _pid_alive(int(p)))
-                live.extend(int(r.stem.split("-")[0]) for r in (h.host_dir / "rings").glob("*.ring")
-                            if r.stem.split("-")[0].isdigit() and _pid_alive(int(r.stem.split("-")[0])))
+                live.extend(live_mod.live_pids(h.host_dir))
     killed = any(c.get("killed_on_hang") for c in codes)
     return JobStatus(True, ended, exit_code, sig, tuple(sorted(set(live))), local, killed)
 
