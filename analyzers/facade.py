@@ -57,7 +57,7 @@ def _replace(path: Path, text: str) -> None:
     silence the watchdog reports)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(text)
+        tmp.write_text(text, encoding="utf-8", errors="backslashreplace")
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -146,6 +146,9 @@ def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None, html_
         if out is not None and out.exists():  # nothing a user has is ever overwritten: say so before the work
             _err(f"{out} exists: not overwritten (choose another path)")
             sys.exit(EXIT_USAGE)
+    if perfetto is not None and html_out is not None and perfetto.resolve() == html_out.resolve():
+        _err(f"--perfetto and --html name the same file {perfetto}")
+        sys.exit(EXIT_USAGE)
     if snapshot:
         from tracer import live
 
@@ -164,9 +167,6 @@ def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None, html_
         _err(f"analysis failed (a ranktrace bug, please report): {type(e).__name__}: {e}")
         sys.exit(4)
     verdict = result.verdict
-    if perfetto is not None and html_out is not None and perfetto.resolve() == html_out.resolve():
-        _err(f"--perfetto and --html name the same file {perfetto}")
-        sys.exit(EXIT_USAGE)
     for out, renderer in ((perfetto, perfetto_report), (html_out, html_report)):
         if out is None:
             continue
@@ -176,8 +176,13 @@ def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None, html_
             _err(f"{out} not written (a ranktrace bug, please report): {type(e).__name__}: {e}")
             continue
         try:
-            with open(out, "x", encoding="utf-8") as f:  # "x": never over a file that appeared meanwhile
-                f.write(text)
+            # "x": never over a file that appeared meanwhile; undecodable file names in the text are escaped
+            with open(out, "x", encoding="utf-8", errors="backslashreplace") as f:
+                try:
+                    f.write(text)
+                except OSError:
+                    out.unlink(missing_ok=True)  # ours, half written (disk full): not left to block a rerun
+                    raise
         except OSError as e:
             _err(f"cannot write {out}: {e.strerror or e}")
             sys.exit(EXIT_USAGE)

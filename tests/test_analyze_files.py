@@ -275,6 +275,49 @@ def test_report_html_draws_phase_marks_of_a_server_log():
     assert ("0", "dist_init_begin") in marks and "No timed op records" not in page
 
 
+def test_report_html_timeline_window_and_outline():
+    """The picture spans what is drawn: an op that never returned reaches the latest record of any drawn rank (here
+    another rank's later phase mark), a phase open since the start does not squeeze the ops into a pixel, and an
+    operation without a seq (an init) outlines its open calls."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from analyzers import schema
+    from analyzers.report import html_report
+    from analyzers.verdict import Operation
+
+    base = facade.analyze_with_timeline([SCEN / "nsys_open_range"]).verdict
+    plain = dataclasses.replace(base, ranks={}, operation=None, culprit_ranks=(), waiting_ranks=())
+
+    def page(rows: list[dict], verdict=plain) -> str:  # noqa: ANN001
+        full = [{"source": "events", "file": "f", "host": "h", "pid": r["rank"], "tid": 1, "wall_ns": r["t_ns"], **r}
+                for r in rows]
+        result = SimpleNamespace(verdict=verdict, events=schema.table_from_rows(schema.EVENTS, full), ops=None,
+                                 inputs=SimpleNamespace(stacks=schema.table_from_rows(schema.STACKS, [])))
+        return html_report.render(result)
+
+    def bars(text: str) -> list[tuple[float, float, str]]:
+        return [(float(x), float(w), t) for x, w, t in
+                re.findall(r'<rect x="([\d.]+)" y="\d+" width="([\d.]+)"[^>]*><title>([^<]*)</title>', text)]
+
+    s = 10**9
+    hung = page([dict(rank=0, kind="enter", name="fwd", category="user", span_id=1, t_ns=0),
+                 dict(rank=0, kind="exit", name="fwd", span_id=1, t_ns=s // 2),
+                 dict(rank=0, kind="enter", name="all_reduce", category="collective", span_id=2, t_ns=s),
+                 dict(rank=1, kind="mark", name="phase:eval", t_ns=10 * s)])
+    (open_bar,) = [b for b in bars(hung) if "never returned" in b[2]]
+    assert open_bar[1] > 800  # from 1 s to the mark at 10 s: most of the 1000-pixel picture
+    ops = [dict(rank=0, kind=k, name="all_reduce", category="collective", span_id=10 + i, seq=i,
+                t_ns=3600 * s + i * s // 100 + (s // 200 if k == "exit" else 0))
+           for i in range(30) for k in ("enter", "exit")]
+    squeezed = page([dict(rank=0, kind="enter", name="serve", category="phase", span_id=1, t_ns=0)] + ops)
+    assert len({x for x, _w, t in bars(squeezed) if "all_reduce" in t}) == 30  # 30 distinct places, not one pixel
+    init = dataclasses.replace(plain, operation=Operation(name="init_process_group", phase="init"))
+    outlined = page([dict(rank=r, kind="enter", name="init_process_group", category="init", span_id=1, t_ns=r)
+                     for r in range(2)], init)
+    assert outlined.count('stroke="#000"') == 2
+
+
 def test_run_files_keep_the_verdict_when_the_page_fails(tmp_path: Path, monkeypatch):
     """verdict.json is the contract and always lands; a failing report.html is one line, and no page of an older
     verdict stays beside the new one."""

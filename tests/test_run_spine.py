@@ -339,12 +339,15 @@ def test_the_job_is_continued_before_the_person_is_told_it_has_the_terminal(monk
     monkeypatch.setattr(termios, "tcgetattr", lambda fd: [])
     jt = terminal.JobTerminal(0, 4242, lambda s: said.append(sig.Signals(s).name), lambda line: said.append("told"),
                               lambda: said.append("paused"))
-    jt._hand_over()
-    jt._hand_over()  # `fg` after Ctrl-Z: hand it back and continue, nothing said
-    assert said == ["terminal", "paused", "SIGCONT", "told", "terminal", "SIGCONT"]
-    signal_state = sig.getsignal(sig.SIGTTOU)
-    jt.restore()
-    assert signal_state == sig.SIG_IGN
+    before = sig.getsignal(sig.SIGTTOU)
+    try:
+        jt._hand_over()
+        jt._hand_over()  # `fg` after Ctrl-Z: hand it back and continue, nothing said
+        assert said == ["terminal", "paused", "SIGCONT", "told", "terminal", "SIGCONT"]
+        assert sig.getsignal(sig.SIGTTOU) == sig.SIG_IGN  # our lines come from the background meanwhile
+    finally:
+        jt.restore()
+    assert sig.getsignal(sig.SIGTTOU) == before
 
 
 def test_ctrl_z_under_a_shell_suspends_trace_run_and_fg_resumes_the_job(tmp_path: Path):

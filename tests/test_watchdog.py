@@ -207,6 +207,19 @@ def test_a_pid_reused_since_the_ring_was_written_is_not_taken_for_a_rank(tmp_pat
         os.link(host / "rings" / f"{owner.pid}.ring", host / "rings" / f"{stranger.pid}.ring")
         assert live.live_pids(host) == [owner.pid]
         assert live.live_pids(tmp_path / "elsewhere-0000") == []
+        # `trace attach` writes no rings: its meta.json pids count if they started before the attach
+        attached = tmp_path / "attach-0000"
+        attached.mkdir()
+        (attached / "meta.json").write_text(json.dumps({
+            "schema": "ranktrace.meta/1", "hostname": os.uname().nodename, "exit": None, "attached": True,
+            "start_wall_ns": time.time_ns() - 1_300_000_000, "pids": {str(owner.pid): {}, str(stranger.pid): {}}}))
+        assert live.live_pids(attached) == [owner.pid]
+        # killed and not yet reaped (its parent, this test, has not waited): a zombie is no live rank
+        owner.kill()
+        deadline = time.monotonic() + 10
+        while b") Z " not in Path(f"/proc/{owner.pid}/stat").read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert live.live_pids(host) == [] and live.live_pids(attached) == []
     finally:
         for p in (owner, stranger):
             if p is not None:

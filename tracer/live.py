@@ -32,7 +32,8 @@ def live_pids(host_dir: Path) -> list[int]:
     A pid is taken from a ring's name only if the process running under it now is the one that wrote the ring:
     same boot (the host dir names its boot id) and started no later than the ring was created. A `trace run` that
     was SIGKILLed never wrote its exit: days later its pids may belong to unrelated processes, which must not be
-    dumped and read as ranks."""
+    dumped and read as ranks. `trace attach` writes no rings: its meta.json pids count when they started before
+    the attach. A zombie (killed, not yet reaped by whoever inherited it) is not alive."""
     try:
         meta = json.loads((host_dir / "meta.json").read_text())
     except (OSError, ValueError):
@@ -42,34 +43,66 @@ def live_pids(host_dir: Path) -> list[int]:
     if host_dir.name.startswith(f"{socket.gethostname()}-") and host_dir.name != hostinfo.host_key():
         return []  # this machine rebooted since: none of those processes exists any more
     pids = []
+    with_ring = set()
     for ring in (host_dir / "rings").glob("*.ring"):
         head = ring.stem.split("-")[0]
-        if head.isdigit() and os.path.exists(f"/proc/{head}") and ring_owner_alive(int(head), ring):
-            pids.append(int(head))
+        if head.isdigit():
+            with_ring.add(int(head))
+            if ring_owner_alive(int(head), ring):
+                pids.append(int(head))
+    start_ns = meta.get("start_wall_ns")
+    for p in meta.get("pids") or {}:
+        if str(p).isdigit() and int(p) not in with_ring:
+            by = None if not isinstance(start_ns, int) else start_ns / 1e9 - (time.time() - _boottime())
+            if pid_running(int(p), by):
+                pids.append(int(p))
     return sorted(set(pids))
+
+
+def _boottime() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def pid_running(pid: int, started_by_s: float | None = None) -> bool:
+    """Process `pid` exists, is not a zombie and (when `started_by_s`, seconds since boot, is given) started no
+    later than that, with 1 s of slack for tick rounding. Where /proc hides another user's processes
+    (hidepid), existence is all that can be known: a process we may not see counts as running."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, PermissionError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return not os.path.isdir("/proc/self") or os.path.exists(f"/proc/{pid}")
+    except OSError:
+        return False
+    try:
+        fields = stat[stat.rindex(b")") + 2:].split()
+        if fields[0] in (b"Z", b"X"):  # killed, not yet reaped: not alive
+            return False
+        started_s = int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (ValueError, IndexError):
+        return False
+    return started_by_s is None or started_s <= started_by_s + 1.0
 
 
 def ring_owner_alive(pid: int, ring: Path) -> bool:
     """Whether process `pid` is running (not a zombie) and started no later than `ring`'s header says the ring
     was made. The header has CLOCK_MONOTONIC; /proc/<pid>/stat counts from boot including suspended time
-    (CLOCK_BOOTTIME): the ring's time is moved onto that clock by today's difference between the two, with 1 s of
-    slack for tick rounding."""
+    (CLOCK_BOOTTIME): the ring's time is moved onto that clock by today's difference between the two."""
     try:
         with open(ring, "rb") as f:
             head = f.read(rf.HEADER.size)
         fields = rf.HEADER.unpack(head)
         if fields[0] != rf.MAGIC:
             return False
-        created_s = fields[3] / 1e9 + (time.clock_gettime(time.CLOCK_BOOTTIME) - time.monotonic())
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        fields_after = stat[stat.rindex(b")") + 2:].split()
-        if fields_after[0] in (b"Z", b"X"):  # killed, not yet reaped by whoever inherited it: not alive
-            return False
-        started_s = int(fields_after[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, struct.error):
+    except (OSError, struct.error):
         return False
-    return started_s <= created_s + 1.0
+    return pid_running(pid, fields[3] / 1e9 + (_boottime() - time.monotonic()))
 
 
 def snapshot_live(paths: list[Path], reason: str = "trace analyze") -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from analyzers.report.spans import Span, SpanSet, pair_spans
+from analyzers.report.spans import Mark, Span, SpanSet, pair_spans
 from analyzers.verdict import Verdict, compact_ranks, operation_text
 
 __all__ = ["render", "EXTENSION", "BINARY", "SPANS_PER_RANK"]
@@ -100,9 +100,12 @@ def _levels(spans: list[Span]) -> list[int]:
 
 
 def _is_hung_op(sp: Span, v: Verdict) -> bool:
+    """A span of the verdict's operation: same name, group and seq; for an operation without a seq (an init, a
+    graph capture) the spans of that name that never returned."""
     op = v.operation
-    return (op is not None and op.seq is not None and sp.name == op.name and sp.seq == op.seq
-            and (op.group is None or sp.group == op.group))
+    if op is None or sp.name != op.name or (op.group is not None and sp.group != op.group):
+        return False
+    return sp.seq == op.seq if op.seq is not None else sp.open
 
 
 def _last_seen(result: Any, clock: str) -> int | None:
@@ -114,47 +117,55 @@ def _last_seen(result: Any, clock: str) -> int | None:
     return pc.max(st[clock]).as_py()
 
 
-def _window(kept: dict[int, list[Span]], seen: int | None) -> tuple[int, int]:
+def _window(kept: dict[int, list[Span]], marks: tuple[Mark, ...], seen: int | None) -> tuple[int, int]:
     """(start, end) of the picture from what is drawn: from the earliest kept *returned* call (a phase or init
-    span open since the job began would squeeze everything else into a pixel: it is clipped at the left edge)
-    to the latest record or stack sample of the drawn ranks."""
+    span open since the job began would squeeze everything else into a pixel: it is clipped at the left edge) to
+    the latest drawn record — spans and marks of our sources, not a foreign log whose clock may be hours off —
+    or stack sample."""
     spans = [s for ss in kept.values() for s in ss]
     closed = [s for s in spans if not s.open]
-    start = min(s.start for s in (closed or spans))
-    times = [s.end for s in closed if s.end is not None] + [s.start for s in spans]
+    if spans:
+        start = min(s.start for s in (closed or spans))
+    else:
+        start = min(m.t for m in marks)
+    times = [s.end for s in closed if s.end is not None] + [s.start for s in spans] + [m.t for m in marks]
     end = max(times + ([seen] if seen is not None else []))
     return start, max(end, start + 1)
+
+
+def _marks_drawn(ss: SpanSet, start: int, end: int) -> dict[int, list[Mark]]:
+    """Per rank its latest marks in the picture, and the last one before it (the phase the rank is in), which is
+    drawn at the left edge."""
+    by_rank: dict[int, list[Mark]] = defaultdict(list)
+    for m in ss.marks:
+        by_rank[m.rank].append(m)
+    out: dict[int, list[Mark]] = {}
+    for rank, ms in by_rank.items():
+        ms.sort(key=lambda m: m.t)
+        inside = [m for m in ms if start <= m.t <= end][-_MARKS_PER_RANK:]
+        before = [m for m in ms if m.t < start][-1:]
+        out[rank] = before + inside
+    return out
 
 
 def _timeline(ss: SpanSet, v: Verdict, seen: int | None, left_out: int) -> str:
     ranks = sorted(set(ss.ranks) | set(v.ranks))
     per_rank = _per_rank(len(ranks))
     kept = _kept(ss, per_rank)
-    if kept:
-        start, end = _window(kept, seen)
-    elif ss.marks:  # marks only (a phase log, say): their own span of time
-        start = min(m.t for m in ss.marks)
-        end = max([m.t for m in ss.marks] + ([seen] if seen is not None else [])) + 1
-    else:
+    if not kept and not ss.marks:
         return "<p>No timed op records (stacks and logs only).</p>"
+    start, end = _window(kept, ss.marks, seen)
     span_ns = end - start
     scale = (_W - _LABEL - 10) / span_ns
 
     def x(t: int) -> float:
         return _LABEL + (max(t, start) - start) * scale
 
-    marks: dict[int, list[Any]] = defaultdict(list)
-    for m in ss.marks:
-        if start <= m.t <= end:
-            marks[m.rank].append(m)
+    marks = _marks_drawn(ss, start, end)
     lanes: list[str] = []
     y = _TOP
     culprits, waiting = set(v.culprit_ranks), set(v.waiting_ranks)
     for rank in ranks:
-        for m in sorted(marks.get(rank, []), key=lambda m: m.t)[-_MARKS_PER_RANK:]:  # phases, ring wrapped, ...
-            mx = x(m.t)
-            lanes.append(f'<path d="M{mx - 4:.1f} {y}h8l-4 6z" fill="#333"><title>{_e(f"rank {rank}: {m.name}")}'
-                         "</title></path>")
         spans = kept.get(rank, [])
         depths = _levels(spans)
         height = _ROW * (max(depths, default=0) + 1) + 6
@@ -176,6 +187,10 @@ def _timeline(ss: SpanSet, v: Verdict, seen: int | None, left_out: int) -> str:
             open_cls = ' class="open"' if sp.open else ""
             lanes.append(f'<rect x="{x0:.1f}" y="{y + 3 + d * _ROW}" width="{max(x1 - x0, 1.0):.1f}" '
                          f'height="{_ROW - 2}" fill="{colour}"{stroke}{open_cls}><title>{_e(tip)}</title></rect>')
+        for m in marks.get(rank, []):  # phases, ring wrapped, ...: over the bars, so their titles can be hovered
+            when = " (before the picture)" if m.t < start else ""
+            lanes.append(f'<path d="M{x(m.t) - 4:.1f} {y}h8l-4 6z" fill="#333">'
+                         f'<title>{_e(f"rank {rank}: {m.name}{when}")}</title></path>')
         y += height
     ticks = []
     for i in range(6):
@@ -190,9 +205,9 @@ def _timeline(ss: SpanSet, v: Verdict, seen: int | None, left_out: int) -> str:
             f'aria-label="op timeline per rank">{"".join(ticks)}{"".join(lanes)}</svg>'
             f'<p class="legend">{legend}<span><i class="sw" style="background:#d62728"></i>never returned</span>'
             f'<span>outlined: the operation above</span><span>&#9660; a mark (phase, ring wrapped, ...)</span></p>'
-            f'<p class="ev">Seconds before the last record or stack sample ({clock}); per rank its calls that never '
-            f"returned and its latest {per_rank} others. Hover a bar for the call. A returned NCCL call was only enqueued "
-            "(DESIGN §2): a bar that ended is not an op that finished on the GPU.</p>")
+            f'<p class="ev">Seconds before the last drawn record or stack sample ({clock}); per rank its calls '
+            f"that never returned and its latest {per_rank} others. Hover a bar for the call. A returned NCCL call "
+            "was only enqueued (DESIGN §2): a bar that ended is not an op that finished on the GPU.</p>")
 
 
 def _rank_table(v: Verdict) -> str:
@@ -226,7 +241,8 @@ def _findings(v: Verdict) -> str:
 def render(result: Any) -> str:
     v: Verdict = result.verdict
     clock, left_out = _clock(result)
-    ss = pair_spans(result.events, clock, tail=6 * SPANS_PER_RANK)
+    n_ranks = pc.count_distinct(result.events["rank"]).as_py() if result.events.num_rows else 0
+    ss = pair_spans(result.events, clock, tail=6 * _per_rank(max(n_ranks, len(v.ranks))))
     facts = []
     if v.operation is not None:
         facts.append(f"<b>operation:</b> {_e(operation_text(v.operation))}")
