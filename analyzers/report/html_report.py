@@ -176,7 +176,7 @@ def _timeline(ss: SpanSet, v: Verdict, seen: int | None, left_out: int) -> str:
         for sp, d in zip(spans, depths):
             x0 = x(sp.start)
             x1 = x(sp.end if sp.end is not None else end)
-            colour = "#d62728" if sp.open else _COLOURS.get(sp.category or "", "#999")
+            colour = "#d62728" if sp.open else "#7f2704" if sp.error else _COLOURS.get(sp.category or "", "#999")
             stroke = ' stroke="#000" stroke-width="1.5"' if _is_hung_op(sp, v) else ""
             dur = "never returned" if sp.end is None else f"{max(sp.end - sp.start, 0) / 1e6:.3f} ms"
             if sp.start < start:
@@ -196,7 +196,9 @@ def _timeline(ss: SpanSet, v: Verdict, seen: int | None, left_out: int) -> str:
     for i in range(6):
         t = start + span_ns * i / 5
         ticks.append(f'<line x1="{x(int(t)):.1f}" x2="{x(int(t)):.1f}" y1="{_TOP - 6}" y2="{y}" stroke="#f0f0f0"/>'
-                     f'<text x="{x(int(t)) - 12:.1f}" y="{_TOP - 10}" fill="#666">{(t - end) / 1e9:+.2f} s</text>')
+                     f'<text x="{x(int(t)):.1f}" y="{_TOP - 10}" fill="#666" '
+                     f'text-anchor="{"start" if i == 0 else "end" if i == 5 else "middle"}">{(t - end) / 1e9:+.2f} s'
+                     "</text>")
     legend = "".join(f'<span><i class="sw" style="background:{c}"></i>{_e(k)}</span>' for k, c in _COLOURS.items())
     clock = "wall clock" if ss.clock == "wall_ns" else "monotonic clock of one host"
     if left_out:
@@ -204,6 +206,7 @@ def _timeline(ss: SpanSet, v: Verdict, seen: int | None, left_out: int) -> str:
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{y + 4}" role="img" '
             f'aria-label="op timeline per rank">{"".join(ticks)}{"".join(lanes)}</svg>'
             f'<p class="legend">{legend}<span><i class="sw" style="background:#d62728"></i>never returned</span>'
+            f'<span><i class="sw" style="background:#7f2704"></i>raised an error</span>'
             f'<span>outlined: the operation above</span><span>&#9660; a mark (phase, ring wrapped, ...)</span></p>'
             f'<p class="ev">Seconds before the last drawn record or stack sample ({clock}); per rank its calls '
             f"that never returned and its latest {per_rank} others. Hover a bar for the call. A returned NCCL call "
