@@ -103,6 +103,8 @@ def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll
         _err(f"could not finalize the trace in {outcome.host_dir}: {type(e).__name__}: {e}")
     if analyze:  # after --on-hang kill the hang report was already printed: only refresh verdict.json/report.html
         _analyze_after_run(outcome.run_dir, show=not outcome.killed_on_hang)
+        if (outcome.run_dir / "report.html").exists():
+            _err(f"the verdict with a timeline of every rank: {outcome.run_dir / 'report.html'}")
     if outcome.killed_on_hang:
         _err(f"hang detected and the job terminated (--on-hang kill): exit code 3 is ranktrace's "
              f"({launcher.describe_exit(outcome.returncode).split(';')[0]}); trace in {outcome.run_dir}")

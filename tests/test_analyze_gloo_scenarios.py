@@ -46,8 +46,9 @@ def test_rank_skips_an_all_reduce(verdicts):
     assert "rank 3" in v["summary"].lower()
     edges = {e["rank"]: e["waits_on"] for e in v["wait_for"]}
     assert edges == {0: [3], 1: [3], 2: [3]}
-    # the verdict is printed by trace run itself, after the job's own output
+    # the verdict is printed by trace run itself, after the job's own output, with where its page is
     assert "CRASHED · missing_ranks" in res.stderr
+    assert "the verdict with a timeline of every rank: " in res.stderr and "report.html" in res.stderr
 
 
 def test_tp_subgroup_skip_blames_rank_2_and_its_subgroup_op(verdicts):
