@@ -13,14 +13,17 @@ Each file is read independently (picklable results); merging ranks and hosts is 
 """
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
 from analyzers import schema
 
-__all__ = ["Skipped", "ReadResult", "ReaderError", "ColumnMap", "empty_result", "read_file_bytes", "has_nul_bytes",
+__all__ = ["Skipped", "ReadResult", "ReaderError", "ColumnMap", "empty_result", "read_file_bytes", "has_nul_bytes", "json_array_items",
            "empty_file", "decode_text"]
 
 
@@ -96,3 +99,20 @@ def has_nul_bytes(data: bytes) -> bool:
     """A NUL in the first 64 KiB: a binary file (or a log with a sparse hole up front), never one of the text
     formats whose sniffers ask."""
     return b"\x00" in data[:65536]
+
+
+def json_array_items(text: str, pos: int) -> list[Any]:
+    """The complete values of the JSON array whose ``[`` ends just before `pos`, up to the first value cut short:
+    what a dump truncated mid-write (a process killed while writing it) still holds."""
+    dec = json.JSONDecoder()
+    out: list[Any] = []
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text) or text[pos] == "]":
+            return out
+        try:
+            item, pos = dec.raw_decode(text, pos)
+        except ValueError:
+            return out
+        out.append(item)

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from analyzers.readers.base import ReaderError, Skipped
+from analyzers.readers.base import ReaderError, Skipped, json_array_items
 
 _TOP_KEYS = ("entries", "pg_config", "pg_status")
 
@@ -88,19 +88,7 @@ def _salvage_json(text: str) -> dict[str, Any] | None:
                 pass
     m = re.search(r'"entries"\s*:\s*\[', text)
     if m:
-        entries: list[Any] = []
-        pos = m.end()
-        while True:
-            while pos < len(text) and text[pos] in " \t\r\n,":
-                pos += 1
-            if pos >= len(text) or text[pos] == "]":
-                break
-            try:
-                obj, pos = dec.raw_decode(text, pos)
-            except ValueError:
-                break
-            entries.append(obj)
-        top["entries"] = entries
+        top["entries"] = json_array_items(text, m.end())
     if not any(k in top for k in _TOP_KEYS):
         return None
     return top

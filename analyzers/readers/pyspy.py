@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from analyzers import schema
-from analyzers.readers.base import ReadResult, ReaderError, Skipped, decode_text, empty_file, read_file_bytes
+from analyzers.readers.base import (ReadResult, ReaderError, Skipped, decode_text, empty_file, json_array_items,
+                                    read_file_bytes)
 from analyzers.readers.rankinfer import rank_from_name, split_rank_prefix
 
 __all__ = ["FORMAT", "COLUMN_MAP", "sniff", "read", "classify_error"]
@@ -324,20 +325,7 @@ def _json_threads(text: str) -> tuple[list[Any], bool]:
         return (obj if isinstance(obj, list) else [obj]), False
     except ValueError:
         pass
-    dec = json.JSONDecoder()
-    out: list[Any] = []
-    pos = text.index("[") + 1
-    while True:
-        while pos < len(text) and text[pos] in " \t\r\n,":
-            pos += 1
-        if pos >= len(text) or text[pos] == "]":
-            break
-        try:
-            item, pos = dec.raw_decode(text, pos)
-        except ValueError:
-            break
-        out.append(item)
-    return out, True
+    return json_array_items(text, text.index("[") + 1), True
 
 
 def _read_json(path: Path, text: str, file_rank: int | None) -> tuple[list[dict[str, Any]], list[Skipped]]:
