@@ -228,7 +228,8 @@ def attach(pids: tuple[int, ...], out_base: Path, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
 @_one_line_errors
 def snapshot(run_dir: Path, as_json: bool) -> None:
-    """Force a capture burst on a running `trace run` and print the verdict now."""
+    """Force a capture burst on a running `trace run`, print the verdict now, and refresh <run>/verdict.json and
+    <run>/report.html as the watchdog does."""
     from analyzers import facade
     from analyzers.report import json_report, text_report
     from tracer import live
@@ -239,7 +240,11 @@ def snapshot(run_dir: Path, as_json: bool) -> None:
         sys.exit(EXIT_USAGE)
     for problem in live.snapshot_live([run_dir], reason="trace snapshot"):
         _err(problem)
-    verdict = facade.analyze_paths([run_dir])
+    result = facade.analyze_with_timeline([run_dir])
+    verdict = result.verdict
+    problem = facade.write_run_files(run_dir, result)
+    if problem:
+        _err(problem)
     click.echo(json_report.render(verdict) if as_json else text_report.render(verdict))
     sys.exit(facade.exit_code(verdict))
 

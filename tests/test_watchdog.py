@@ -64,6 +64,43 @@ def test_skip_is_caught_live_killed_and_explained(tmp_path: Path):
     assert all(v["ranks"][r]["where"].startswith("train_step (tp_job.py:") for r in "012")
 
 
+def test_snapshot_of_a_hung_run_before_the_watchdog_would_report(tmp_path: Path):
+    """`trace snapshot RUN` on a job that hangs while the watchdog still waits (--hang-after 300): a burst now, the
+    verdict printed (exit 3), verdict.json and report.html refreshed, the job left running; on a dir whose job is
+    gone: one line, exit 2."""
+    run = tmp_path / "r"
+    proc = subprocess.Popen(TRACE + ["run", "-o", str(run), "--hang-after", "300", "--no-analyze"]
+                            + job("skip", "--hang-seconds", "300"), env=trace_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:  # the rings alone (no burst) show ranks 0-2 inside seq 5
+            time.sleep(0.5)
+            out = run_trace(["analyze", "--no-snapshot", "--json", str(run)]).stdout if run.exists() else ""
+            if out.startswith("{") and json.loads(out)["culprit_ranks"] == [3]:
+                break
+        else:
+            raise AssertionError("the job never hung")
+        res = run_trace(["snapshot", "--json", str(run)])
+        assert res.returncode == 3, res.stderr[-2000:]
+        v = json.loads(res.stdout)
+        assert (v["status"], v["kind"], v["culprit_ranks"], v["waiting_ranks"]) == ("hang", "missing_ranks", [3],
+                                                                                     [0, 1, 2])
+        assert list(run.glob("*/dumps/*/pyspy-*.json")) or list(run.glob("*/dumps/*/agent-*.json"))
+        assert json.loads((run / "verdict.json").read_text())["culprit_ranks"] == [3]
+        assert 'class="open"' in (run / "report.html").read_text()
+        assert proc.poll() is None  # a snapshot never ends the job
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # trace run forwards it to the job's own process group
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    res = run_trace(["snapshot", str(run)])
+    assert res.returncode == 2 and "no live traced job here" in res.stderr
+
+
 def test_without_py_spy_the_in_rank_agents_give_stacks_and_flight_recorder(tmp_path: Path):
     """Where ptrace is denied (RANKTRACE_PYSPY=0 stands in for it: py-spy is never run), each rank answers the
     burst itself: its Python stacks and its Flight Recorder."""
