@@ -312,6 +312,16 @@ def test_report_html_timeline_window_and_outline():
            for i in range(30) for k in ("enter", "exit")]
     squeezed = page([dict(rank=0, kind="enter", name="serve", category="phase", span_id=1, t_ns=0)] + ops)
     assert len({x for x, _w, t in bars(squeezed) if "all_reduce" in t}) == 30  # 30 distinct places, not one pixel
+    # another thread's call ends before a child starts inside its parent: the child is still drawn below its parent
+    nested = page([dict(rank=0, tid=2, kind="enter", name="other", category="user", span_id=1, t_ns=0),
+                   dict(rank=0, tid=2, kind="exit", name="other", span_id=1, t_ns=5 * s),
+                   dict(rank=0, kind="enter", name="all_reduce", category="collective", span_id=2, t_ns=3 * s),
+                   dict(rank=0, kind="enter", name="wait", category="sync", span_id=3, t_ns=6 * s),
+                   dict(rank=0, kind="exit", name="wait", span_id=3, t_ns=8 * s),
+                   dict(rank=0, kind="exit", name="all_reduce", span_id=2, t_ns=20 * s)])
+    y = {t.split(":")[1].split()[0]: int(yy) for yy, t in re.findall(r'<rect x="[\d.]+" y="(\d+)"[^>]*><title>([^<]*)',
+                                                                       nested)}
+    assert y["all_reduce"] > y["other"] and y["wait"] > y["all_reduce"], y
     init = dataclasses.replace(plain, operation=Operation(name="init_process_group", phase="init"))
     outlined = page([dict(rank=r, kind="enter", name="init_process_group", category="init", span_id=1, t_ns=r)
                      for r in range(2)], init)

@@ -85,16 +85,22 @@ def _kept(ss: SpanSet, per_rank: int) -> dict[int, list[Span]]:
 
 def _levels(spans: list[Span]) -> list[int]:
     """Row of each span within its rank's lane (spans sorted as _kept sorts them): the first row whose last span
-    has ended, so a call and the wait inside it, or two threads' overlapping calls, never cover each other."""
+    has ended, below the row of the call it is inside (same thread), so a call and the wait inside it, or two
+    threads' overlapping calls, never cover each other and a child is never drawn above its parent."""
     row_end: list[float] = []
+    open_in: dict[tuple, list[tuple[float, int]]] = defaultdict(list)  # per thread: (end, row) of enclosing calls
     out = []
     for sp in spans:
         end = sp.end if sp.end is not None else float("inf")
-        row = next((i for i, e in enumerate(row_end) if e <= sp.start), len(row_end))
-        if row == len(row_end):
-            row_end.append(end)
-        else:
-            row_end[row] = end
+        parents = open_in[(sp.pid, sp.tid)]
+        while parents and parents[-1][0] <= sp.start:
+            parents.pop()
+        lowest = parents[-1][1] + 1 if parents else 0
+        row = next((i for i in range(lowest, len(row_end)) if row_end[i] <= sp.start), max(lowest, len(row_end)))
+        while len(row_end) <= row:
+            row_end.append(float("-inf"))
+        row_end[row] = end
+        parents.append((end, row))
         out.append(min(row, _MAX_DEPTH - 1))
     return out
 
