@@ -218,33 +218,22 @@ def _close_mismatch(block: dict[str, Any], snap: _Snapshot, obs: list[dict[str, 
     if size and len(unlisted) == 1 and size - len(listed) == unlisted[0]["count"]:
         inferred = [r for r in range(size) if r not in listed]
     kind = "ras_op_count" if mode == "counts" else "ras_rank_status"
+
+    def emit(g: dict[str, Any], rank: int | None, line: int, how: str, **where: Any) -> None:
+        """One row per rank of a group: counts carry the op and its count, status rows the status as name."""
+        value = dict(name=block["op"], value=g["value"]) if mode == "counts" else dict(name=g["value"])
+        obs.append(dict(kind=kind, group=grp, rank=rank, line=line, _size=size, **where, **value,
+                        detail=f"{how} snapshot={snap.index}"))
+
     for g in groups:
         if g["ranks"]:
             for rank, pid, host, ln in g["ranks"]:
-                row = dict(kind=kind, group=grp, rank=rank, pid=pid, host=host, line=ln, _size=size,
-                           detail=f"listed group_size={g['count']} snapshot={snap.index}")
-                if mode == "counts":
-                    row.update(name=block["op"], value=g["value"])
-                else:
-                    row.update(name=g["value"])
-                obs.append(row)
+                emit(g, rank, ln, f"listed group_size={g['count']}", pid=pid, host=host)
         elif inferred is not None:
             for rank in inferred:
-                row = dict(kind=kind, group=grp, rank=rank, line=g["line"], _size=size,
-                           detail=f"inferred group_size={g['count']} snapshot={snap.index}")
-                if mode == "counts":
-                    row.update(name=block["op"], value=g["value"])
-                else:
-                    row.update(name=g["value"])
-                obs.append(row)
+                emit(g, rank, g["line"], f"inferred group_size={g['count']}")
         else:
-            row = dict(kind=kind, group=grp, rank=None, line=g["line"], _size=size,
-                       detail=f"ranks={g['count']} unlisted snapshot={snap.index}")
-            if mode == "counts":
-                row.update(name=block["op"], value=g["value"])
-            else:
-                row.update(name=g["value"])
-            obs.append(row)
+            emit(g, None, g["line"], f"ranks={g['count']} unlisted")
     block.update(mode=None, groups=[], cur=None)
 
 
