@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analyzers import facade
+from ranktrace.analyzers import facade
 
 __all__ = ["Divergence", "Comparison", "compare_paths", "context_diff", "first_divergence"]
 

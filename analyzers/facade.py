@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from analyzers import diagnose as diagnose_mod
-from analyzers.sources import InputError, Inputs, collect
-from analyzers.verdict import Verdict
+from ranktrace.analyzers import diagnose as diagnose_mod
+from ranktrace.analyzers.sources import InputError, Inputs, collect
+from ranktrace.analyzers.verdict import Verdict
 
 __all__ = ["AnalysisResult", "analyze_paths", "analyze_with_timeline", "write_run_files", "exit_code", "InputError"]
 
@@ -40,7 +40,7 @@ def analyze_paths(paths: list[Path]) -> Verdict:
 def write_run_files(run_dir: Path, result: AnalysisResult) -> str | None:
     """``<run>/verdict.json`` (the contract: its write errors propagate) and ``<run>/report.html`` (a page for
     people: a failure there is returned as one line and never costs the verdict)."""
-    from analyzers.report import html_report, json_report
+    from ranktrace.analyzers.report import html_report, json_report
 
     _replace(run_dir / "verdict.json", json_report.render(result.verdict))
     page = run_dir / "report.html"

@@ -48,7 +48,7 @@ class RankStack:
 
 
 # ranktrace's own in-rank files (the wrappers a sampled stack passes through, the agent's thread): never the program
-TRACER_FRAME = re.compile(r"[(/]tracer/(hooks|state|wrap_\w+|agent)\.py")
+TRACER_FRAME = re.compile(r"[(/]tracer/rank/(hooks|state|wrap_\w+|agent)\.py")
 _LIBRARY = re.compile(r"site-packages|dist-packages|/lib/python\d|[(/]torch/|<frozen|^<|\(threading\.py|\(queue\.py|"
                       r"\(selectors\.py|\(socket\.py|\((multiprocessing|concurrent|asyncio)/|ranktrace|"
                       + TRACER_FRAME.pattern)
@@ -56,7 +56,7 @@ _LIBRARY = re.compile(r"site-packages|dist-packages|/lib/python\d|[(/]torch/|<fr
 
 def without_tracer(frames: tuple[str, ...]) -> tuple[str, ...]:
     """The stack as the program has it: ranktrace's wrapper frames left out of what a person reads (an innermost
-    ``make_wait_wrapper.<locals>.wait (tracer/wrap_work.py)`` reads as if ranktrace were what hangs). The dump
+    ``make_wait_wrapper.<locals>.wait (tracer/rank/wrap_work.py)`` reads as if ranktrace were what hangs). The dump
     files keep every frame; host-state rules see them all too."""
     return tuple(f for f in frames if not TRACER_FRAME.search(f))
 

@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
-from analyzers import schema
-from analyzers.readers.base import ReaderError, ReadResult, Skipped
+from ranktrace.analyzers import schema
+from ranktrace.analyzers.readers.base import ReaderError, ReadResult, Skipped
 
 __all__ = ["Inputs", "InputError", "collect", "READERS", "HostRun"]
 
@@ -69,7 +69,7 @@ def _load_readers() -> list[tuple[str, Any]]:
     mods = []
     for name in READERS:
         try:
-            mods.append((name, importlib.import_module(f"analyzers.readers.{name}")))
+            mods.append((name, importlib.import_module(f"ranktrace.analyzers.readers.{name}")))
         except ImportError:
             continue
     return mods
@@ -190,7 +190,7 @@ def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], 
         except (OSError, pa.ArrowInvalid) as e:
             skipped.append(Skipped(str(ev), None, f"unreadable events.arrow ({e}); using the rings instead"))
     if not used_arrow:
-        from analyzers.readers import ranktrace_ring
+        from ranktrace.analyzers.readers import ranktrace_ring
 
         for ring in sorted((hd / "rings").glob("*.ring")):
             try:
@@ -200,7 +200,7 @@ def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], 
     if (hd / "samples").is_dir() or (hd / "dumps").is_dir():
         # the monitor's periodic samples (stacks, /proc, GPU) and the RAS pairs its bursts saved; sampled stacks of
         # a job that completed cleanly are older than its end, so only their observations are kept then
-        from analyzers.readers import ranktrace_samples
+        from ranktrace.analyzers.readers import ranktrace_samples
 
         exit_info = (meta or {}).get("exit") or {}
         clean = exit_info.get("exit_code") == 0 and not exit_info.get("killed_on_hang")
@@ -222,7 +222,7 @@ def _fill_ranks(inputs: Inputs) -> None:
     tables = (inputs.events, inputs.stacks, inputs.observations)
     if not any(t.num_rows and t["rank"].null_count for t in tables):
         return
-    from analyzers.readers import rankinfer
+    from ranktrace.analyzers.readers import rankinfer
 
     ev = inputs.events
     known = ev.select(["host", "pid", "rank"]).filter(pc.is_valid(ev["rank"]))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from analyzers.verdict import compact_ranks
+from ranktrace.analyzers.verdict import compact_ranks
 
 __all__ = ["StackNode", "merge", "render", "normalise_frame"]
 

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analyzers import schema
+from ranktrace.analyzers import schema
 
 __all__ = ["OPS", "build_ops", "last_issued", "OpenSpan", "open_spans", "open_enter_rows", "dictionary_codes",
            "last_phase", "BLOCKING_COMPLETE_BACKENDS"]

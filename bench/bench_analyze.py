@@ -37,9 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pyarrow as pa  # noqa: E402
 import pyarrow.ipc as ipc  # noqa: E402
 
-from analyzers import facade  # noqa: E402
-from tracer import finalize  # noqa: E402
-from tracer.recorder import Recorder  # noqa: E402
+from ranktrace.analyzers import facade  # noqa: E402
+from ranktrace.tracer.launch import finalize  # noqa: E402
+from ranktrace.tracer.rank.recorder import Recorder  # noqa: E402
 
 __all__ = ["generate", "main"]
 

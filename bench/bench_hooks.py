@@ -3,7 +3,7 @@
     python bench/bench_hooks.py [--quick] [--json] [--gloo-spinner idle|normal]
 
 Two implementations of every collective/sync wrapper are measured side by side: the compiled fast path
-(tracer/_fastspan.c, what ranks run when it is built) and the pure-Python wrapper it falls back to (what they run
+(tracer/rank/_fastspan.c, what ranks run when it is built) and the pure-Python wrapper it falls back to (what they run
 where it is not built, and what it hands unusual calls to).
 
 Part 1 (one process, world-size-1 gloo group, so group lookups and backend-counter reads are real): wrappers around a
@@ -69,8 +69,9 @@ def pure_overhead(quick: bool) -> dict[str, float]:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    from tracer import hooks, nvtx_ranges
-    from tracer.recorder import Recorder
+    from ranktrace.tracer.rank import hooks
+    from ranktrace.tracer.rank import nvtx_ranges
+    from ranktrace.tracer.rank.recorder import Recorder
 
     tmp = tempfile.mkdtemp(prefix="ranktrace-bench-")
     st = hooks.TraceState(lambda: Recorder(os.path.join(tmp, "bench.ring"), slots=65536), 0, 1)
@@ -187,7 +188,7 @@ def loop_worker(rank: int, world: int, rounds: int, per_batch: int, out_path: st
     if (os.cpu_count() or 1) >= world:
         os.sched_setaffinity(0, {rank})  # before init: gloo's threads inherit it
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
-    inject = sys.modules.get("_ranktrace_tracer.inject")
+    inject = sys.modules.get("_ranktrace_tracer.rank.inject")
     st = getattr(inject, "state", None)
     t = torch.ones(1)
     for _ in range(300):
@@ -250,7 +251,7 @@ def run_loop(world: int, traced: bool, rounds: int, per_batch: int, spinner: str
             host = Path(tmp) / "host"
             (host / "rings").mkdir(parents=True)
             env["RANKTRACE_DIR"] = str(host)
-            env["PYTHONPATH"] = str(REPO / "tracer" / "_inject") + os.pathsep + env["PYTHONPATH"]
+            env["PYTHONPATH"] = str(REPO / "tracer" / "rank" / "_inject") + os.pathsep + env["PYTHONPATH"]
         env["MASTER_ADDR"] = "127.0.0.1"
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

@@ -35,7 +35,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 import pyarrow.ipc as ipc  # noqa: E402
 
-from tracer import samplers  # noqa: E402
+from ranktrace.tracer.watch import samplers  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "tp_job.py"
 TICK = os.sysconf("SC_CLK_TCK")

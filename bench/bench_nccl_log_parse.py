@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analyzers.readers import nccl_log  # noqa: E402
+from ranktrace.analyzers.readers import nccl_log  # noqa: E402
 
 __all__ = ["generate", "make_sparse", "peak_memory", "main"]
 
@@ -124,7 +124,7 @@ def make_sparse(path: Path, size_gb: float, ranks: int = 8, block_mb: float = 8.
 _PEAK = """
 import json, resource, sys, time
 sys.path.insert(0, {root!r})
-from analyzers.readers import nccl_log
+from ranktrace.analyzers.readers import nccl_log
 
 
 def hwm():  # peak RSS of this process image (VmHWM: unlike ru_maxrss, not inherited from the forking parent)

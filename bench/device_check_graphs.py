@@ -2,7 +2,7 @@
 
     python bench/device_check_graphs.py            # ~30-60 s; exit 0 when every check passes
 
-What it does: starts a small NCCL job with ranktrace injected exactly as ``trace run`` injects it (tracer/_inject
+What it does: starts a small NCCL job with ranktrace injected exactly as ``trace run`` injects it (tracer/rank/_inject
 first on PYTHONPATH, RANKTRACE_DIR set), then reads the rings and prints what was recorded, plus PASS/FAIL checks.
 World size 2 on two GPUs; with one GPU, world size 1 (NCCL refuses two ranks on one device). Each rank:
   1. all_reduce x3 (warm-up on a side stream, as CUDA-graph capture of NCCL requires),
@@ -86,7 +86,7 @@ def run_job(trace_dir: Path, world: int) -> int:
     env = dict(os.environ)
     env["RANKTRACE_DIR"] = str(host)
     env["RANKTRACE_RING_SLOTS"] = "4096"
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tracer" / "_inject"), str(REPO)] +
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tracer" / "rank" / "_inject"), str(REPO)] +
                                         ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.setdefault("MASTER_ADDR", "127.0.0.1")
     with socket.socket() as s:
@@ -99,7 +99,7 @@ def run_job(trace_dir: Path, world: int) -> int:
 
 def read_rings(trace_dir: Path) -> dict[int, dict]:
     sys.path.insert(0, str(REPO))
-    from tracer import ringformat as rf
+    from ranktrace.tracer import ringformat as rf
 
     out: dict[int, dict] = {}
     for ring in sorted((trace_dir / "host" / "rings").glob("*.ring")):

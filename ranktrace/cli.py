@@ -44,7 +44,7 @@ def main() -> None:
 
 def _check_hooks(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
     """--hook values, normalised to MODULE:QUALNAME=category; a malformed one is a usage error before the job."""
-    from tracer.user_hooks import SpecError, parse_spec
+    from ranktrace.tracer.rank.patch_user import SpecError, parse_spec
 
     out: list[str] = []
     for v in values:
@@ -81,8 +81,10 @@ def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll
         hang_after: float, startup_hang_after: float, on_hang: str, native_stacks: bool, monitor: bool,
         hook_targets: tuple[str, ...], command: tuple[str, ...]) -> None:
     """Run COMMAND with every rank traced: trace run [OPTIONS] -- CMD ARGS..."""
-    from tracer import finalize, launcher, meta
-    from tracer.monitor import MonitorOptions
+    from ranktrace.tracer.launch import finalize
+    from ranktrace.tracer.launch import launcher
+    from ranktrace.tracer.launch import meta
+    from ranktrace.tracer.watch.monitor import MonitorOptions
 
     opts = launcher.RunOptions(command=tuple(command), out=output, name=name, nccl_debug=nccl_debug,
                                nccl_coll=nccl_coll, hooks=hook_targets)
@@ -115,8 +117,8 @@ def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll
 
 def _analyze_after_run(run_dir: Path, show: bool = True) -> None:
     try:
-        from analyzers import facade
-        from analyzers.report import text_report
+        from ranktrace.analyzers import facade
+        from ranktrace.analyzers.report import text_report
 
         result = facade.analyze_with_timeline([run_dir])
         problem = facade.write_run_files(run_dir, result)
@@ -141,8 +143,8 @@ def _analyze_after_run(run_dir: Path, show: bool = True) -> None:
 def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None, html_out: Path | None,
             snapshot: bool) -> None:
     """Analyze a trace directory, or any folder/files of logs and dumps, and print one verdict."""
-    from analyzers import facade
-    from analyzers.report import html_report, json_report, perfetto_report, text_report
+    from ranktrace.analyzers import facade
+    from ranktrace.analyzers.report import html_report, json_report, perfetto_report, text_report
 
     for out in (perfetto, html_out):
         if out is not None and out.exists():  # nothing a user has is ever overwritten: say so before the work
@@ -152,7 +154,7 @@ def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None, html_
         _err(f"--perfetto and --html name the same file {perfetto}")
         sys.exit(EXIT_USAGE)
     if snapshot:
-        from tracer import live
+        from ranktrace.tracer.watch import live
 
         try:
             for problem in live.snapshot_live([p for p in paths if p.is_dir()]):
@@ -202,9 +204,9 @@ def attach(pids: tuple[int, ...], out_base: Path, as_json: bool) -> None:
     """Diagnose a running job not started under ranktrace: PIDS are the launcher or any ranks."""
     import os as _os
 
-    from analyzers import facade
-    from analyzers.report import json_report, text_report
-    from tracer import attach as attach_mod
+    from ranktrace.analyzers import facade
+    from ranktrace.analyzers.report import json_report, text_report
+    from ranktrace.tracer.launch import attach as attach_mod
 
     missing = [p for p in pids if not _os.path.exists(f"/proc/{p}")]
     if missing:
@@ -230,9 +232,9 @@ def attach(pids: tuple[int, ...], out_base: Path, as_json: bool) -> None:
 def snapshot(run_dir: Path, as_json: bool) -> None:
     """Force a capture burst on a running `trace run`, print the verdict now, and refresh <run>/verdict.json and
     <run>/report.html as the watchdog does."""
-    from analyzers import facade
-    from analyzers.report import json_report, text_report
-    from tracer import live
+    from ranktrace.analyzers import facade
+    from ranktrace.analyzers.report import json_report, text_report
+    from ranktrace.tracer.watch import live
 
     hosts = live.host_dirs(run_dir)
     if not hosts or not any(live.live_pids(h) for h in hosts):
@@ -258,9 +260,9 @@ def compare(a: Path, b: Path, as_json: bool) -> None:
     """Put two runs side by side (good vs hung, H100 vs Blackwell) and name where they diverge."""
     import json as _json
 
-    from analyzers import compare as compare_mod
-    from analyzers import facade
-    from analyzers.report import compare_text
+    from ranktrace.analyzers import compare as compare_mod
+    from ranktrace.analyzers import facade
+    from ranktrace.analyzers.report import compare_text
 
     try:
         c = compare_mod.compare_paths(a, b)

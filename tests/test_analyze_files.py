@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from analyzers import facade
+from ranktrace.analyzers import facade
 from tests.helpers import REPO, TRACE, trace_env
 
 SCEN = REPO / "tests" / "data" / "scenarios"
@@ -107,7 +107,7 @@ def test_real_gloo_hang_sample_set(shared_data: Path):
 def _two_nccl_rings(tmp: Path) -> tuple[Path, list]:
     """A finished-looking host dir of another machine with a 64-slot ring per rank of a 2-rank NCCL world group,
     written by the real recorder (identity and group records in place); the caller writes the ops."""
-    from tracer.recorder import Recorder
+    from ranktrace.tracer.rank.recorder import Recorder
 
     host = tmp / "run" / "node0-abc"
     (host / "rings").mkdir(parents=True)
@@ -190,8 +190,8 @@ def test_a_rank_whose_ring_wrapped_past_a_group_is_not_blamed_for_it(tmp_path: P
 def test_every_scenario_verdict_round_trips_and_renders():
     from html.parser import HTMLParser
 
-    from analyzers.report import html_report, json_report, perfetto_report, text_report
-    from analyzers.verdict import Verdict
+    from ranktrace.analyzers.report import html_report, json_report, perfetto_report, text_report
+    from ranktrace.analyzers.verdict import Verdict
 
     class Tags(HTMLParser):
         def __init__(self) -> None:
@@ -231,9 +231,9 @@ def test_report_html_escapes_what_came_from_the_trace():
 
     import pyarrow as pa
 
-    from analyzers.report import html_report
+    from ranktrace.analyzers.report import html_report
 
-    from analyzers.report import text_report
+    from ranktrace.analyzers.report import text_report
 
     result = facade.analyze_with_timeline([SCEN / "nsys_open_range"])
     evil = "<script>alert(1)</script>[/x]:bug:"
@@ -268,7 +268,7 @@ def test_serving_idle_and_not_enough_evidence(log: str, expected: tuple[str, str
 
 def test_report_html_draws_phase_marks_of_a_server_log():
     """A serving engine's log has phases, not ops: the page still shows each rank's lane with its phase marks."""
-    from analyzers.report import html_report
+    from ranktrace.analyzers.report import html_report
 
     page = html_report.render(facade.analyze_with_timeline([SCEN / "server_log_graph_registration"]))
     marks = re.findall(r'<path [^>]*><title>rank (\d+): ([^<]*)</title>', page)
@@ -282,9 +282,9 @@ def test_report_html_timeline_window_and_outline():
     import dataclasses
     from types import SimpleNamespace
 
-    from analyzers import schema
-    from analyzers.report import html_report
-    from analyzers.verdict import Operation
+    from ranktrace.analyzers import schema
+    from ranktrace.analyzers.report import html_report
+    from ranktrace.analyzers.verdict import Operation
 
     base = facade.analyze_with_timeline([SCEN / "nsys_open_range"]).verdict
     plain = dataclasses.replace(base, ranks={}, operation=None, culprit_ranks=(), waiting_ranks=())
@@ -331,7 +331,7 @@ def test_report_html_timeline_window_and_outline():
 def test_run_files_keep_the_verdict_when_the_page_fails(tmp_path: Path, monkeypatch):
     """verdict.json is the contract and always lands; a failing report.html is one line, and no page of an older
     verdict stays beside the new one."""
-    from analyzers.report import html_report
+    from ranktrace.analyzers.report import html_report
 
     result = facade.analyze_with_timeline([SCEN / "nsys_open_range"])
     assert facade.write_run_files(tmp_path, result) is None

@@ -141,7 +141,7 @@ def test_hooked_method_is_a_collective_aligned_per_object(job):
 
 
 def test_phase_hook_in_the_meta_region_and_main_script_target_resolved(job):
-    from analyzers import timeline
+    from ranktrace.analyzers import timeline
 
     _, _, rows = job
     for rank in (0, 1):
@@ -167,8 +167,8 @@ def test_async_hook_target_stays_a_coroutine_and_its_span_covers_the_awaits(job)
 
 
 def test_async_generator_targets_are_refused_not_silently_changed(tmp_path: Path):
-    from tracer import hooks
-    from tracer.recorder import Recorder
+    from ranktrace.tracer.rank import hooks
+    from ranktrace.tracer.rank.recorder import Recorder
 
     async def stream():  # noqa: ANN202
         yield 1
@@ -179,7 +179,7 @@ def test_async_generator_targets_are_refused_not_silently_changed(tmp_path: Path
 
 
 def events_schema() -> pa.Schema:
-    from analyzers import schema
+    from ranktrace.analyzers import schema
 
     return schema.EVENTS
 
@@ -187,7 +187,7 @@ def events_schema() -> pa.Schema:
 def test_cuda_graph_and_sync_wrappers_driven_through_torch_classes(tmp_path: Path):
     host = tmp_path / "host"
     (host / "rings").mkdir(parents=True)
-    env = trace_env(RANKTRACE_DIR=str(host), PYTHONPATH=os.pathsep.join([str(REPO / "tracer" / "_inject"),
+    env = trace_env(RANKTRACE_DIR=str(host), PYTHONPATH=os.pathsep.join([str(REPO / "tracer" / "rank" / "_inject"),
                                                                          str(REPO)]))
     res = subprocess.run([PY, str(SCRIPTS / "coverage_graphs.py")], capture_output=True, text=True, env=env,
                          timeout=120)
@@ -195,7 +195,7 @@ def test_cuda_graph_and_sync_wrappers_driven_through_torch_classes(tmp_path: Pat
     seen = json.loads(res.stdout.strip().splitlines()[-1])
     assert seen["cuda_calls_during_capture"] == []       # ranktrace made no CUDA call while a capture was open
     assert seen["calls"][-1] == "raised: capture_end failed (stand-in)"  # the job's exception, unchanged
-    from analyzers.readers import ranktrace_ring
+    from ranktrace.analyzers.readers import ranktrace_ring
 
     (ring,) = (host / "rings").glob("*.ring")
     rows = ranktrace_ring.read(ring).events.to_pylist()
@@ -225,8 +225,9 @@ def test_nvtx_ranges_carry_op_group_and_seq(tmp_path: Path):
     the nsys reader parses, constant texts reuse pre-built attributes, and a missing nvtx is noted once."""
     import nvtx
 
-    from tracer import hooks, nvtx_ranges
-    from tracer.recorder import Recorder
+    from ranktrace.tracer.rank import hooks
+    from ranktrace.tracer.rank import nvtx_ranges
+    from ranktrace.tracer.rank.recorder import Recorder
 
     notes: list[str] = []
     assert nvtx_ranges.load(notes.append) is None and notes == []  # no tool attached: no per-call cost
@@ -274,7 +275,8 @@ def test_nvtx_ranges_carry_op_group_and_seq(tmp_path: Path):
 
 
 def test_hook_values_checked_before_the_job_starts(tmp_path: Path):
-    from tracer import envplan, user_hooks
+    from ranktrace.tracer.launch import envplan
+    from ranktrace.tracer.rank import patch_user as user_hooks
 
     assert user_hooks.parse_spec("pkg.mod:Cls.meth").text == "pkg.mod:Cls.meth=user"
     for bad in ("nocolon", "m:Cls.meth=kernel", "m:", "m:1bad"):
@@ -293,9 +295,9 @@ def test_hook_values_checked_before_the_job_starts(tmp_path: Path):
 def test_untraced_marks_spill_to_op_slots_after_the_first_notes(tmp_path: Path):
     """A DDP loop makes one gap per step: after MAX_GAP_NOTES readable meta records, marks go to op slots (which wrap)
     so the non-wrapping region never fills up."""
-    from analyzers.readers import ranktrace_ring
-    from tracer import hooks
-    from tracer.recorder import Recorder
+    from ranktrace.analyzers.readers import ranktrace_ring
+    from ranktrace.tracer.rank import hooks
+    from ranktrace.tracer.rank.recorder import Recorder
 
     st = hooks.TraceState(lambda: Recorder(str(tmp_path / "r.ring"), slots=64), 0, 2)
     group = (lambda: None, st.rec.intern("0"), "0", [0, 1], None, True)
@@ -316,8 +318,8 @@ def test_no_capture_begins_while_the_agent_dumps_the_flight_recorder(tmp_path: P
     import threading
     import time as _time
 
-    from tracer import hooks
-    from tracer.recorder import Recorder
+    from ranktrace.tracer.rank import hooks
+    from ranktrace.tracer.rank.recorder import Recorder
 
     st = hooks.TraceState(lambda: Recorder(str(tmp_path / "g.ring"), slots=64), 0, 1)
     began: list[float] = []

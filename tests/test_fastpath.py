@@ -1,4 +1,4 @@
-"""The compiled fast path (tracer/_fastspan.c) records exactly what the pure-Python wrappers record.
+"""The compiled fast path (tracer/rank/_fastspan.c) records exactly what the pure-Python wrappers record.
 
 The Python wrappers are the reference: the same real gloo job (tests/scripts/fastpath_job.py) runs once with
 RANKTRACE_FASTPATH=0 and once with the compiled path, and the two rings must hold the same records (times, thread
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import PY, REPO, SCRIPTS, trace_env
-from tracer import hooks
-from tracer.recorder import Recorder
-from tracer.ringformat import read_ring
+from ranktrace.tracer.rank import hooks
+from ranktrace.tracer.rank.recorder import Recorder
+from ranktrace.tracer.ringformat import read_ring
 
 FIELDS = ("kind", "category", "flags", "peer", "graph_id", "seq", "backend_seq", "nbytes", "span_id",
           "parent_span_id")
@@ -50,7 +50,7 @@ def ring_rows(path: Path) -> tuple[list[tuple], list[dict]]:
 def run_job(tmp: Path, fastpath: str) -> tuple[dict, list[tuple], list[dict]]:
     (tmp / "rings").mkdir(parents=True)
     env = trace_env(RANKTRACE_DIR=str(tmp), RANKTRACE_FASTPATH=fastpath)
-    env["PYTHONPATH"] = str(REPO / "tracer" / "_inject") + ":" + env["PYTHONPATH"]
+    env["PYTHONPATH"] = str(REPO / "tracer" / "rank" / "_inject") + ":" + env["PYTHONPATH"]
     res = subprocess.run([PY, str(SCRIPTS / "fastpath_job.py")], capture_output=True, text=True, timeout=120,
                          env=env, cwd=REPO, stdin=subprocess.DEVNULL)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -184,7 +184,7 @@ def test_dynamic_shapes_do_not_fill_the_meta_region(tmp_path: Path, monkeypatch)
     """A serving loop sees a new shape per batch size: past MAX_SHAPES only the rank is written, nbytes stays exact."""
     import torch
 
-    from tracer import state
+    from ranktrace.tracer.rank import state
 
     monkeypatch.setattr(state, "MAX_SHAPES", 8)  # read where TraceState is defined
     st = hooks.TraceState(lambda: Recorder(str(tmp_path / "s.ring"), slots=64), 0, 1)

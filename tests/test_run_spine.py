@@ -182,7 +182,7 @@ def test_tracer_failure_in_a_rank_is_one_line_and_never_the_jobs(tmp_path: Path)
     blocker = tmp_path / "host"
     blocker.mkdir()
     (blocker / "rings").write_text("a file where the rings directory should be")
-    env = trace_env(RANKTRACE_DIR=str(blocker), PYTHONPATH=str(Path(__file__).resolve().parents[1] / "tracer" /
+    env = trace_env(RANKTRACE_DIR=str(blocker), PYTHONPATH=str(Path(__file__).resolve().parents[1] / "tracer" / "rank" /
                                                                    "_inject"))
     code = ("import os, torch, torch.distributed as dist\n"
             "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT='0')\n"
@@ -197,8 +197,8 @@ def test_tracer_failure_in_a_rank_is_one_line_and_never_the_jobs(tmp_path: Path)
 def test_rings_readable_while_hung_then_ctrl_c_leaves_no_orphans(tmp_path: Path):
     """A live hung job: the rings show ranks 0-2 inside all_reduce; analyze names rank 3 with its stack;
     SIGINT to trace run (Ctrl-C) ends everything."""
-    from analyzers.readers import ranktrace_ring
-    from analyzers.readers.base import ReaderError
+    from ranktrace.analyzers.readers import ranktrace_ring
+    from ranktrace.analyzers.readers.base import ReaderError
 
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(TRACE + ["run", "-o", str(run_dir), "--", PY, str(EXAMPLE), "--world", "4", "--steps",
@@ -251,7 +251,7 @@ def test_rings_readable_while_hung_then_ctrl_c_leaves_no_orphans(tmp_path: Path)
         assert alive == []
         assert proc.returncode != 0
     finally:
-        from tracer.attach import descendants
+        from ranktrace.tracer.launch.attach import descendants
 
         for pid in reversed(descendants([proc.pid])):  # the job runs in its own group: kill the whole tree
             try:
@@ -318,6 +318,8 @@ def test_a_job_reading_the_terminal_gets_it_instead_of_stopping(tmp_path: Path):
         assert _read_until(master, out, b"prompt>", 30), out.decode(errors="replace")
         os.write(master, b"hello\n")
         assert _read_until(master, out, b"got hello", 30), out.decode(errors="replace")
+        # the job is continued before the line is printed, so the line may come after the job's answer
+        _read_until(master, out, b"the job reads the terminal", 15)
         status = _wait_exit(pid, 15)
     finally:
         _end_session(pid, master)
@@ -332,7 +334,7 @@ def test_the_job_is_continued_before_the_person_is_told_it_has_the_terminal(monk
     import signal as sig
     import termios
 
-    from tracer import terminal
+    from ranktrace.tracer.launch import terminal
 
     said: list[str] = []
     monkeypatch.setattr(terminal, "give_terminal", lambda fd, pgid: said.append("terminal"))

@@ -85,7 +85,7 @@ def straggler(tmp_path_factory: pytest.TempPathFactory) -> TtyRun:
 
 
 def _table(path: Path) -> pa.Table:
-    from analyzers.readers import ranktrace_samples
+    from ranktrace.analyzers.readers import ranktrace_samples
 
     table, _kind, skipped = ranktrace_samples.read_table(path)
     assert not skipped
@@ -93,7 +93,7 @@ def _table(path: Path) -> pa.Table:
 
 
 def test_job_completes_and_the_three_sample_files_have_their_schemas(straggler: TtyRun):
-    from tracer import samplers
+    from ranktrace.tracer.watch import samplers
 
     assert straggler.returncode == 0, straggler.tty[-3000:]
     samples = host_dir(straggler.run_dir) / "samples"
@@ -180,8 +180,8 @@ def test_nvml_absent_is_said_once(straggler: TtyRun):
 
 
 def test_analyze_reads_the_samples(straggler: TtyRun):
-    from analyzers import sources
-    from analyzers.readers import ranktrace_samples
+    from ranktrace.analyzers import sources
+    from ranktrace.analyzers.readers import ranktrace_samples
 
     inputs = sources.collect([straggler.run_dir])
     obs = inputs.observations
@@ -208,8 +208,8 @@ def test_analyze_reads_the_samples(straggler: TtyRun):
 # -------------------------------------------------------------------------------------------- arrow streams
 
 def test_a_killed_writer_loses_at_most_the_last_interval(tmp_path: Path):
-    from analyzers.readers import ranktrace_samples
-    from tracer import samplers
+    from ranktrace.analyzers.readers import ranktrace_samples
+    from ranktrace.tracer.watch import samplers
 
     path = tmp_path / "samples" / "proc.arrow"
     log = samplers.ArrowStreamLog(path, samplers.PROC_SCHEMA)
@@ -227,8 +227,8 @@ def test_a_killed_writer_loses_at_most_the_last_interval(tmp_path: Path):
 
 
 def test_ring_tail_follows_a_wrapping_ring(tmp_path: Path):
-    from tracer import samplers
-    from tracer.recorder import Recorder
+    from ranktrace.tracer.watch import samplers
+    from ranktrace.tracer.rank.recorder import Recorder
 
     rec = Recorder(str(tmp_path / "4242-x.ring"), slots=64, meta_bytes=1 << 16)
     rec.meta({"type": "identity", "rank": 2, "world": 4})
@@ -254,9 +254,9 @@ def test_ring_tail_follows_a_wrapping_ring(tmp_path: Path):
 def test_ring_tail_skips_a_slot_the_writer_is_inside(tmp_path: Path, monkeypatch):
     """Seqlock: a slot whose commit word changes between the two reads of a range (the writer zeroed it to start
     rewriting) is not applied from the first read's bytes; the next update reads it whole."""
-    from tracer import ringformat as rf
-    from tracer import samplers
-    from tracer.recorder import Recorder
+    from ranktrace.tracer import ringformat as rf
+    from ranktrace.tracer.watch import samplers
+    from ranktrace.tracer.rank.recorder import Recorder
 
     path = tmp_path / "4243-x.ring"
     rec = Recorder(str(path), slots=64, meta_bytes=1 << 16)
@@ -297,7 +297,7 @@ def test_ring_tail_skips_a_slot_the_writer_is_inside(tmp_path: Path, monkeypatch
                 os.close(fd)
             return data
 
-    from tracer import ring_tail
+    from ranktrace.tracer.watch import ring_tail
 
     monkeypatch.setattr(ring_tail, "open", lambda p, mode="r": Racing(real_open(p, mode)), raising=False)
     tail.update()
@@ -312,7 +312,7 @@ def test_ring_tail_skips_a_slot_the_writer_is_inside(tmp_path: Path, monkeypatch
 
 
 def test_status_line_rate_and_format():
-    from tracer.statusline import StatusLine, compact_group, format_status
+    from ranktrace.tracer.watch.statusline import StatusLine, compact_group, format_status
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:
@@ -379,8 +379,8 @@ class FakeRas:
 
 
 def test_ras_pair_json_counts_moved_and_missing_rank(tmp_path: Path):
-    from analyzers.readers import nccl_ras, ranktrace_samples
-    from tracer import ras
+    from ranktrace.analyzers.readers import nccl_ras, ranktrace_samples
+    from ranktrace.tracer.watch import ras
 
     doc = (RAS_DATA / "json_2_29.json").read_text()
     later = doc.replace('"AllReduce": 0', '"AllReduce": 12')
@@ -406,8 +406,8 @@ def test_ras_pair_json_counts_moved_and_missing_rank(tmp_path: Path):
 
 
 def test_ras_pair_text_from_an_older_nccl_that_stands_still(tmp_path: Path):
-    from analyzers.readers import ranktrace_samples
-    from tracer import ras
+    from ranktrace.analyzers.readers import ranktrace_samples
+    from ranktrace.tracer.watch import ras
 
     text = (RAS_DATA / "text_2_26_ahead.txt").read_text()
     server = FakeRas([text], json_format=False)
@@ -425,8 +425,9 @@ def test_ras_pair_text_from_an_older_nccl_that_stands_still(tmp_path: Path):
 
 
 def test_no_ras_listening_costs_nothing_and_is_said_once(tmp_path: Path):
-    from tracer import burst, ras
-    from tracer.monitor import Monitor, MonitorOptions
+    from ranktrace.tracer.watch import burst
+    from ranktrace.tracer.watch import ras
+    from ranktrace.tracer.watch.monitor import Monitor, MonitorOptions
 
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))
@@ -509,14 +510,14 @@ def _fake_child(tmp_path: Path) -> list[str]:
     (tmp_path / "fake").mkdir(exist_ok=True)
     (tmp_path / "fake" / "pynvml.py").write_text(FAKE_PYNVML)
     code = (f"import sys; sys.path.insert(0, {str(tmp_path / 'fake')!r}); "
-            "from tracer.gpu_sampler import child_main; sys.exit(child_main())")
+            "from ranktrace.tracer.watch.gpu_sampler import child_main; sys.exit(child_main())")
     return [sys.executable, "-c", code]
 
 
 def test_gpu_child_samples_devices_processes_and_xids(tmp_path: Path):
-    from analyzers.readers import ranktrace_samples
-    from tracer import samplers
-    from tracer.gpu_sampler import GpuSampler
+    from ranktrace.analyzers.readers import ranktrace_samples
+    from ranktrace.tracer.watch import samplers
+    from ranktrace.tracer.watch.gpu_sampler import GpuSampler
 
     logs: list[str] = []
     g = GpuSampler(log=logs.append, timeout_s=10, command=_fake_child(tmp_path))
@@ -549,7 +550,7 @@ def test_gpu_child_samples_devices_processes_and_xids(tmp_path: Path):
 
 
 def test_a_wedged_nvml_is_given_up_with_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from tracer.gpu_sampler import GpuSampler
+    from ranktrace.tracer.watch.gpu_sampler import GpuSampler
 
     monkeypatch.setenv("FAKE_NVML_WEDGE", "1")
     logs: list[str] = []

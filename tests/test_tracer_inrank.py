@@ -5,14 +5,14 @@ import json
 import subprocess
 from pathlib import Path
 
-from analyzers.readers import ranktrace_ring
+from ranktrace.analyzers.readers import ranktrace_ring
 from tests.helpers import PY, REPO, SCRIPTS, trace_env
 
 
 def test_forked_child_records_its_own_ops_and_os_exit_keyword_form_passes(tmp_path: Path):
     host = tmp_path / "host"
     (host / "rings").mkdir(parents=True)
-    env = trace_env(RANKTRACE_DIR=str(host), PYTHONPATH=str(REPO / "tracer" / "_inject"))
+    env = trace_env(RANKTRACE_DIR=str(host), PYTHONPATH=str(REPO / "tracer" / "rank" / "_inject"))
     res = subprocess.run([PY, str(SCRIPTS / "fork_child_ops.py")], capture_output=True, text=True, env=env,
                          timeout=120)
     assert res.returncode == 11, res.stderr[-2000:]  # os._exit(status=11) went through unchanged
@@ -30,14 +30,14 @@ def test_forked_child_records_its_own_ops_and_os_exit_keyword_form_passes(tmp_pa
 
 
 def test_agent_answers_from_a_long_trace_dir_and_never_dumps_fr_during_a_capture(tmp_path: Path):
-    """The in-rank agent (tracer/agent.py) in a real process: its socket lives under a trace dir far longer than a
+    """The in-rank agent (tracer/rank/agent.py) in a real process: its socket lives under a trace dir far longer than a
     UNIX socket address allows, it is started once per process, it lists the other threads' stacks in py-spy's
     layout while the main thread sleeps in C, and it never asks the Flight Recorder while a capture is open."""
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     deep.mkdir(parents=True)
     script = (
         "import json, sys, threading, time\n"
-        "from tracer import agent\n"
+        "from ranktrace.tracer.rank import agent\n"
         "def waiting_in_c():\n"
         "    time.sleep(30)\n"
         "import contextlib\n"
@@ -66,7 +66,7 @@ def test_a_client_that_leaves_early_never_kills_the_rank_with_sigpipe(tmp_path: 
     the agent's write kill the rank."""
     script = (
         "import os, signal, socket, time\n"
-        "from tracer import agent\n"
+        "from ranktrace.tracer.rank import agent\n"
         "signal.signal(signal.SIGPIPE, signal.SIG_DFL)\n"
         "import contextlib\n"
         f"agent.start({str(tmp_path)!r}, lambda: 0, lambda: contextlib.nullcontext(False), print)\n"

@@ -47,8 +47,8 @@ def test_skip_is_caught_live_killed_and_explained(tmp_path: Path):
                       "3": ("blocked_other", 2)}
     assert "next_batch" in " ".join(v["ranks"]["3"]["stack"]) and "(<string>:3)" not in v["stack_tree"]  # helper loop
     # ranks 0-2 wait inside ranktrace's Work.wait wrapper: the dumps keep its frame, what a person reads does not
-    # (an innermost "tracer/wrap_work.py" frame reads as if ranktrace were what hangs)
-    assert any("tracer/wrap_work.py" in p.read_text() for p in dumps)
+    # (an innermost "tracer/rank/wrap_work.py" frame reads as if ranktrace were what hangs)
+    assert any("tracer/rank/wrap_work.py" in p.read_text() for p in dumps)
     shown = [v["stack_tree"]] + [f for s in v["ranks"].values() for f in s["stack"]] + [
         e["detail"] for f in v["findings"] for e in f["evidence"] if e["source"] == "pyspy"]
     assert not [t for t in shown if "tracer/" in t] and "wrapper frames are left out" in v["stack_tree"]
@@ -180,7 +180,7 @@ def test_attach_to_a_hung_torchrun_job_started_without_ranktrace(tmp_path: Path)
         assert v["operation"]["name"] == "all_reduce" and "next_batch" in v["summary"]
     finally:
         # torchrun starts its workers in sessions of their own: kill every descendant, not only its group
-        from tracer.attach import descendants
+        from ranktrace.tracer.launch.attach import descendants
 
         for pid in reversed(descendants([job_proc.pid])):
             try:
@@ -214,8 +214,8 @@ def test_trace_dir_deleted_under_a_running_monitor(tmp_path: Path):
         except ProcessLookupError:
             pass
     # the job's own traceback (its frames pass through our wrappers) but none from trace run itself
-    for ours in ("ranktrace/cli.py", "tracer/launcher.py", "tracer/monitor.py", "tracer/proc_sampler.py",
-                 "tracer/stack_sampler.py", "tracer/ring_tail.py", "tracer/sample_log.py", "tracer/meta.py"):
+    for ours in ("ranktrace/cli.py", "tracer/launch/launcher.py", "tracer/watch/monitor.py", "tracer/watch/proc_sampler.py",
+                 "tracer/watch/stack_sampler.py", "tracer/watch/ring_tail.py", "tracer/watch/sample_log.py", "tracer/launch/meta.py"):
         assert ours not in err, err[-3000:]
     assert proc.returncode == 1, err[-2000:]
     assert err.strip().splitlines()[-1].startswith("[ranktrace] job exited with status 1")
@@ -224,14 +224,15 @@ def test_trace_dir_deleted_under_a_running_monitor(tmp_path: Path):
 def test_a_pid_reused_since_the_ring_was_written_is_not_taken_for_a_rank(tmp_path: Path):
     """`trace analyze` on the dir of a run whose launcher was SIGKILLed (no exit in meta.json): a ring's pid that
     now belongs to a process started after the ring must not be dumped and read as a rank."""
-    from tracer import hostinfo, live
-    from tracer.recorder import Recorder
+    from ranktrace.tracer.launch import hostinfo
+    from ranktrace.tracer.watch import live
+    from ranktrace.tracer.rank.recorder import Recorder
 
     host = tmp_path / hostinfo.host_key()
     (host / "rings").mkdir(parents=True)
     (host / "meta.json").write_text(json.dumps({"schema": "ranktrace.meta/1", "hostname": os.uname().nodename,
                                                 "exit": None}))
-    owner = subprocess.Popen([PY, "-c", "import sys, time\nfrom tracer.recorder import Recorder\n"
+    owner = subprocess.Popen([PY, "-c", "import sys, time\nfrom ranktrace.tracer.rank.recorder import Recorder\n"
                               "Recorder(sys.argv[1] + '/rings/%d.ring' % __import__('os').getpid(), slots=16)\n"
                               "print('ready', flush=True); time.sleep(60)", str(host)],
                              stdout=subprocess.PIPE, text=True, cwd=REPO, env=trace_env())

@@ -10,17 +10,17 @@ from __future__ import annotations
 from collections import Counter
 from typing import Callable
 
-from analyzers import hoststate
-from analyzers import stacks as stacks_mod
-from analyzers.diagnose.blocked_rule import blocked_outside
-from analyzers.diagnose.candidate import Candidate, op_evidence, ranks_text
-from analyzers.diagnose.context import Context, build_context
-from analyzers.diagnose.graph_rule import graph_capture
-from analyzers.diagnose.init_rule import init_hang, nccl_init_hang
-from analyzers.diagnose.stacks_rule import stacks_only
-from analyzers.diagnose.waiting_rule import mismatch, stuck, waiting
-from analyzers.sources import Inputs
-from analyzers.verdict import Evidence, Finding, RankState, Verdict
+from ranktrace.analyzers import hoststate
+from ranktrace.analyzers import stacks as stacks_mod
+from ranktrace.analyzers.diagnose.blocked_rule import blocked_outside
+from ranktrace.analyzers.diagnose.candidate import Candidate, op_evidence, ranks_text
+from ranktrace.analyzers.diagnose.context import Context, build_context
+from ranktrace.analyzers.diagnose.graph_rule import graph_capture
+from ranktrace.analyzers.diagnose.init_rule import init_hang, nccl_init_hang
+from ranktrace.analyzers.diagnose.stacks_rule import stacks_only
+from ranktrace.analyzers.diagnose.waiting_rule import mismatch, stuck, waiting
+from ranktrace.analyzers.sources import Inputs
+from ranktrace.analyzers.verdict import Evidence, Finding, RankState, Verdict
 
 __all__ = ["RULES", "diagnose", "build_context"]
 
@@ -125,7 +125,7 @@ def _no_primary(ctx: Context, status: str) -> tuple[str, str, list[str]]:
 def _rank_table(ctx: Context) -> dict[int, RankState]:
     ranks = set(ctx.observed_ranks) | (set(range(ctx.world)) if ctx.world else set())
     opens = ctx.open_by_rank()
-    from analyzers.timeline import last_issued
+    from ranktrace.analyzers.timeline import last_issued
 
     last_ops = {r: f"{op['name']} group={op['group']} seq={op['seq']}" for r, op in last_issued(ctx.ops).items()}
     out: dict[int, RankState] = {}

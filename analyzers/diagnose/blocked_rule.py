@@ -5,9 +5,9 @@ for the wait-for graph to see.
 """
 from __future__ import annotations
 
-from analyzers.diagnose.candidate import Candidate, ranks_text, stack_evidence, where
-from analyzers.diagnose.context import Context
-from analyzers.verdict import Finding, Operation
+from ranktrace.analyzers.diagnose.candidate import Candidate, ranks_text, stack_evidence, where
+from ranktrace.analyzers.diagnose.context import Context
+from ranktrace.analyzers.verdict import Finding, Operation
 
 __all__ = ["blocked_outside"]
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from analyzers.hoststate import RankStack, application_frame, without_tracer
-from analyzers.stacks import normalise_frame
-from analyzers.verdict import Evidence, Finding, Operation, WaitEdge
-from analyzers.waitfor import PendingOp
+from ranktrace.analyzers.hoststate import RankStack, application_frame, without_tracer
+from ranktrace.analyzers.stacks import normalise_frame
+from ranktrace.analyzers.verdict import Evidence, Finding, Operation, WaitEdge
+from ranktrace.analyzers.waitfor import PendingOp
 
 __all__ = ["Candidate", "op_evidence", "stack_evidence", "operation_of", "group_desc", "where", "ranks_text"]
 
@@ -29,7 +29,7 @@ class Candidate:
 
 
 def ranks_text(ranks: "tuple[int, ...] | list[int] | set[int]") -> str:
-    from analyzers.verdict import compact_ranks
+    from ranktrace.analyzers.verdict import compact_ranks
 
     rs = sorted(set(ranks))
     return ("rank " if len(rs) == 1 else "ranks ") + compact_ranks(rs)

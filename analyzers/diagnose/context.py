@@ -13,9 +13,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analyzers import hoststate, schema, timeline, waitfor
-from analyzers.readers.ranktrace_ring import RING_WRAPPED
-from analyzers.sources import Inputs
+from ranktrace.analyzers import hoststate, schema, timeline, waitfor
+from ranktrace.analyzers.readers.ranktrace_ring import RING_WRAPPED
+from ranktrace.analyzers.sources import Inputs
 
 __all__ = ["Context", "build_context", "JobStatus"]
 
@@ -147,7 +147,7 @@ def _job_status(inputs: Inputs) -> JobStatus:
     host = os.uname().nodename
     local = all((h.meta or {}).get("hostname") == host for h in inputs.hosts)
     if not ended:
-        from tracer import live as live_mod  # one rule for "alive": its ring's process, running, not a zombie
+        from ranktrace.tracer.watch import live as live_mod  # one rule for "alive": its ring's process, running, not a zombie
 
         for h in inputs.hosts:
             if (h.meta or {}).get("hostname") == host:

@@ -7,9 +7,9 @@ capturing leaves its peers waiting in their next real collective.
 """
 from __future__ import annotations
 
-from analyzers.diagnose.candidate import Candidate, ranks_text, stack_evidence
-from analyzers.diagnose.context import Context
-from analyzers.verdict import Evidence, Finding, Operation
+from ranktrace.analyzers.diagnose.candidate import Candidate, ranks_text, stack_evidence
+from ranktrace.analyzers.diagnose.context import Context
+from ranktrace.analyzers.verdict import Evidence, Finding, Operation
 
 __all__ = ["graph_capture"]
 

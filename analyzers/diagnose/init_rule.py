@@ -4,9 +4,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analyzers.diagnose.candidate import Candidate, ranks_text, stack_evidence
-from analyzers.diagnose.context import Context
-from analyzers.verdict import Evidence, Finding, Operation, WaitEdge
+from ranktrace.analyzers.diagnose.candidate import Candidate, ranks_text, stack_evidence
+from ranktrace.analyzers.diagnose.context import Context
+from ranktrace.analyzers.verdict import Evidence, Finding, Operation, WaitEdge
 
 __all__ = ["init_hang"]
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from analyzers.diagnose.candidate import Candidate, ranks_text, stack_evidence, where
-from analyzers.diagnose.context import Context
-from analyzers.hoststate import TRACER_FRAME
-from analyzers.stacks import normalise_frame
-from analyzers.verdict import Finding, Operation, WaitEdge
+from ranktrace.analyzers.diagnose.candidate import Candidate, ranks_text, stack_evidence, where
+from ranktrace.analyzers.diagnose.context import Context
+from ranktrace.analyzers.hoststate import TRACER_FRAME
+from ranktrace.analyzers.stacks import normalise_frame
+from ranktrace.analyzers.verdict import Finding, Operation, WaitEdge
 
 __all__ = ["stacks_only", "collective_in_stack"]
 

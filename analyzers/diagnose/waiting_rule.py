@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import re
 
-from analyzers import waitfor
-from analyzers.diagnose.candidate import (Candidate, group_desc, op_evidence, operation_of, ranks_text, stack_evidence,
+from ranktrace.analyzers import waitfor
+from ranktrace.analyzers.diagnose.candidate import (Candidate, group_desc, op_evidence, operation_of, ranks_text, stack_evidence,
                                          where)
-from analyzers.diagnose.context import Context
-from analyzers.verdict import Evidence, Finding, WaitEdge
+from ranktrace.analyzers.diagnose.context import Context
+from ranktrace.analyzers.verdict import Evidence, Finding, WaitEdge
 
 __all__ = ["mismatch", "waiting", "stuck"]
 

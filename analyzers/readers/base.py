@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from analyzers import schema
+from ranktrace.analyzers import schema
 
 __all__ = ["Skipped", "ReadResult", "ReaderError", "ColumnMap", "empty_result", "read_file_bytes", "has_nul_bytes", "json_array_items",
            "empty_file", "decode_text"]

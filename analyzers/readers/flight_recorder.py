@@ -40,12 +40,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from analyzers import schema
-from analyzers.readers.base import ColumnMap, ReadResult, Skipped, empty_file, read_file_bytes
-from analyzers.readers.flight_recorder_load import _load
-from analyzers.readers.flight_recorder_records import FrEntry, _parse_entry, _pg_configs
-from analyzers.readers.flight_recorder_rows import _dump_row, _entry_rows, _group_rows, _status_rows, _world
-from analyzers.readers.rankinfer import rank_from_name
+from ranktrace.analyzers import schema
+from ranktrace.analyzers.readers.base import ColumnMap, ReadResult, Skipped, empty_file, read_file_bytes
+from ranktrace.analyzers.readers.flight_recorder_load import _load
+from ranktrace.analyzers.readers.flight_recorder_records import FrEntry, _parse_entry, _pg_configs
+from ranktrace.analyzers.readers.flight_recorder_rows import _dump_row, _entry_rows, _group_rows, _status_rows, _world
+from ranktrace.analyzers.readers.rankinfer import rank_from_name
 
 __all__ = [
     "FORMAT",

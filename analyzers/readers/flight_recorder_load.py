@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from analyzers.readers.base import ReaderError, Skipped, json_array_items
+from ranktrace.analyzers.readers.base import ReaderError, Skipped, json_array_items
 
 _TOP_KEYS = ("entries", "pg_config", "pg_status")
 

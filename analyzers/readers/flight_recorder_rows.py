@@ -10,9 +10,9 @@ import math
 import re
 from typing import Any, Iterable
 
-from analyzers.opnames import P2P_OPS, canonical_op
-from analyzers.readers.base import Skipped
-from analyzers.readers.flight_recorder_records import FrEntry, PgConfig, _int
+from ranktrace.analyzers.opnames import P2P_OPS, canonical_op
+from ranktrace.analyzers.readers.base import Skipped
+from ranktrace.analyzers.readers.flight_recorder_records import FrEntry, PgConfig, _int
 
 # c10::toString(ScalarType) -> (torch dtype name, bytes per element)
 _DTYPES: dict[str, tuple[str, int]] = {

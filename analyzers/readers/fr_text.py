@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from analyzers import schema
-from analyzers.opnames import canonical_op
-from analyzers.readers.base import ReadResult, Skipped, decode_text, empty_file, read_file_bytes
+from ranktrace.analyzers import schema
+from ranktrace.analyzers.opnames import canonical_op
+from ranktrace.analyzers.readers.base import ReadResult, Skipped, decode_text, empty_file, read_file_bytes
 
 __all__ = ["FORMAT", "LINE_MAP", "sniff", "read"]
 

@@ -31,9 +31,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from analyzers import schema
-from analyzers.readers.base import ReadResult, ReaderError, Skipped, decode_text, empty_file, read_file_bytes
-from analyzers.readers.rankinfer import rank_from_name, split_rank_prefix
+from ranktrace.analyzers import schema
+from ranktrace.analyzers.readers.base import ReadResult, ReaderError, Skipped, decode_text, empty_file, read_file_bytes
+from ranktrace.analyzers.readers.rankinfer import rank_from_name, split_rank_prefix
 
 __all__ = ["FORMAT", "COLUMN_MAP", "sniff", "read", "frame_text"]
 

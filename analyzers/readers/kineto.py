@@ -61,11 +61,11 @@ import zlib
 from pathlib import Path
 from typing import IO
 
-from analyzers.readers.base import ReaderError, ReadResult
-from analyzers.readers.kineto_collector import _Collector
-from analyzers.readers.kineto_field_map import DTYPES, FIELD_MAP, FieldMap
-from analyzers.readers.kineto_json_stream import _JsonStream, _NotJson, _Truncated
-from analyzers.readers.kineto_tables import ABSOLUTE_EPOCH_US, build_result
+from ranktrace.analyzers.readers.base import ReaderError, ReadResult
+from ranktrace.analyzers.readers.kineto_collector import _Collector
+from ranktrace.analyzers.readers.kineto_field_map import DTYPES, FIELD_MAP, FieldMap
+from ranktrace.analyzers.readers.kineto_json_stream import _JsonStream, _NotJson, _Truncated
+from ranktrace.analyzers.readers.kineto_tables import ABSOLUTE_EPOCH_US, build_result
 
 __all__ = [
     "FORMAT",

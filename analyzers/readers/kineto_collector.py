@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from analyzers.readers.base import Skipped
-from analyzers.readers.kineto_comms import _BACKEND_PREFIX, _annotation_args, _Comm, _comm_args
+from ranktrace.analyzers.readers.base import Skipped
+from ranktrace.analyzers.readers.kineto_comms import _BACKEND_PREFIX, _annotation_args, _Comm, _comm_args
 
 
 class _Collector:

@@ -12,10 +12,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from analyzers.opnames import canonical_op
+from ranktrace.analyzers.opnames import canonical_op
 
 if TYPE_CHECKING:
-    from analyzers.readers.kineto_collector import _Collector
+    from ranktrace.analyzers.readers.kineto_collector import _Collector
 
 _BACKEND_PREFIX = re.compile(r"^(nccl|gloo|xccl|ucc|mpi|hccl|rccl|cncl|mccl):(.+)$", re.IGNORECASE)
 

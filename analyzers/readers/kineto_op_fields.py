@@ -9,9 +9,9 @@ import ast
 import math
 from typing import Any, NamedTuple
 
-from analyzers.opnames import P2P_OPS
-from analyzers.readers.kineto_comms import _Op
-from analyzers.readers.kineto_field_map import DTYPES
+from ranktrace.analyzers.opnames import P2P_OPS
+from ranktrace.analyzers.readers.kineto_comms import _Op
+from ranktrace.analyzers.readers.kineto_field_map import DTYPES
 
 
 def op_fields(op: _Op, pgs: list["_Pg"], default_backend: str | None) -> dict[str, Any]:

@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from analyzers import schema
-from analyzers.opnames import P2P_OPS
-from analyzers.readers.base import ReadResult
-from analyzers.readers.kineto_collector import _Collector
-from analyzers.readers.kineto_comms import attach_kernels, fold_ops
-from analyzers.readers.kineto_op_fields import _int, _pg_config, op_fields
+from ranktrace.analyzers import schema
+from ranktrace.analyzers.opnames import P2P_OPS
+from ranktrace.analyzers.readers.base import ReadResult
+from ranktrace.analyzers.readers.kineto_collector import _Collector
+from ranktrace.analyzers.readers.kineto_comms import attach_kernels, fold_ops
+from ranktrace.analyzers.readers.kineto_op_fields import _int, _pg_config, op_fields
 
 SOURCE = "kineto"
 ABSOLUTE_EPOCH_US = 1e15           # ts above this (≈ 2001-09-09) is absolute Unix-epoch µs

@@ -82,9 +82,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped
-from analyzers.readers.nccl_log_grammar import _SNIFF_RE, FORMAT, NCCL_DTYPES, _looks_binary, normalize_comm_id
-from analyzers.readers.nccl_log_walk import _Reader
+from ranktrace.analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped
+from ranktrace.analyzers.readers.nccl_log_grammar import _SNIFF_RE, FORMAT, NCCL_DTYPES, _looks_binary, normalize_comm_id
+from ranktrace.analyzers.readers.nccl_log_walk import _Reader
 
 __all__ = [
     "FORMAT",

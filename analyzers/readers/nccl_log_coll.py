@@ -11,11 +11,11 @@ from array import array
 
 import numpy as np
 
-from analyzers.readers.base import Skipped
-from analyzers.readers.nccl_log_grammar import _COLL_PREFIX_RE, _COLL_RE, _NRANKS_RE, _P2P_RAW, _SCAN_RE, _parse_ts
-from analyzers.readers.nccl_log_rare_lines import _RareLines
-from analyzers.readers.nccl_log_state import _I63, _Comm, _block
-from analyzers.readers.nccl_log_vector import _Fast
+from ranktrace.analyzers.readers.base import Skipped
+from ranktrace.analyzers.readers.nccl_log_grammar import _COLL_PREFIX_RE, _COLL_RE, _NRANKS_RE, _P2P_RAW, _SCAN_RE, _parse_ts
+from ranktrace.analyzers.readers.nccl_log_rare_lines import _RareLines
+from ranktrace.analyzers.readers.nccl_log_state import _I63, _Comm, _block
+from ranktrace.analyzers.readers.nccl_log_vector import _Fast
 
 _PREFIX_CACHE_MAX = 200_000
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from analyzers.readers.base import Skipped
-from analyzers.readers.nccl_log_grammar import (
+from ranktrace.analyzers.readers.base import Skipped
+from ranktrace.analyzers.readers.nccl_log_grammar import (
     _API_RE,
     _BARE_VERSION_RE,
     _FIELD_RES,
@@ -24,7 +24,7 @@ from analyzers.readers.nccl_log_grammar import (
     _parse_ts,
     normalize_comm_id,
 )
-from analyzers.readers.nccl_log_state import _ReaderState
+from ranktrace.analyzers.readers.nccl_log_state import _ReaderState
 
 
 class _RareLines(_ReaderState):

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from analyzers.readers.base import Skipped
-from analyzers.readers.nccl_log_grammar import _P2P_RAW
+from ranktrace.analyzers.readers.base import Skipped
+from ranktrace.analyzers.readers.nccl_log_grammar import _P2P_RAW
 
 @dataclass(slots=True)
 class _Comm:

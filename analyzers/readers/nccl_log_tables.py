@@ -11,11 +11,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analyzers import schema
-from analyzers.opnames import canonical_op
-from analyzers.readers.base import ReadResult, Skipped
-from analyzers.readers.nccl_log_grammar import _P2P_RAW, _ROOTED_RAW, FORMAT, NCCL_DTYPES
-from analyzers.readers.nccl_log_state import _NMETA, _ReaderState, _block
+from ranktrace.analyzers import schema
+from ranktrace.analyzers.opnames import canonical_op
+from ranktrace.analyzers.readers.base import ReadResult, Skipped
+from ranktrace.analyzers.readers.nccl_log_grammar import _P2P_RAW, _ROOTED_RAW, FORMAT, NCCL_DTYPES
+from ranktrace.analyzers.readers.nccl_log_state import _NMETA, _ReaderState, _block
 
 _BATCH_ROWS = 1 << 16       # small blocks are merged up to this many rows per record batch of the result
 

@@ -11,12 +11,12 @@ from typing import BinaryIO
 
 import numpy as np
 
-from analyzers.readers.nccl_log_chunks import _iter_chunks
-from analyzers.readers.nccl_log_coll import _CollRows
-from analyzers.readers.nccl_log_grammar import _SCAN_RE
-from analyzers.readers.nccl_log_state import _block
-from analyzers.readers.nccl_log_tables import _Tables
-from analyzers.readers.nccl_log_vector import _fast_rows, _inert, _words
+from ranktrace.analyzers.readers.nccl_log_chunks import _iter_chunks
+from ranktrace.analyzers.readers.nccl_log_coll import _CollRows
+from ranktrace.analyzers.readers.nccl_log_grammar import _SCAN_RE
+from ranktrace.analyzers.readers.nccl_log_state import _block
+from ranktrace.analyzers.readers.nccl_log_tables import _Tables
+from ranktrace.analyzers.readers.nccl_log_vector import _fast_rows, _inert, _words
 
 _VEC_MIN_BYTES = 32 << 10     # smaller chunks go through the regex loop only
 _VEC_MIN_ROWS = 48            # a run of fewer COLL lines between two rarer lines is not worth the numpy set-up

@@ -38,10 +38,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from analyzers import schema
-from analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped, has_nul_bytes
-from analyzers.readers.nccl_ras_json import _read_json
-from analyzers.readers.nccl_ras_text import _read_text
+from ranktrace.analyzers import schema
+from ranktrace.analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped, has_nul_bytes
+from ranktrace.analyzers.readers.nccl_ras_json import _read_json
+from ranktrace.analyzers.readers.nccl_ras_text import _read_text
 
 __all__ = ["FORMAT", "COLUMN_MAP", "ColumnMap", "OBSERVATION_KINDS", "sniff", "read"]
 

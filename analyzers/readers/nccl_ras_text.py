@@ -9,10 +9,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from analyzers.opnames import canonical_op
-from analyzers.readers.base import Skipped
-from analyzers.readers.nccl_log import normalize_comm_id
-from analyzers.readers.nccl_ras_common import _OP_TOTAL, _ts
+from ranktrace.analyzers.opnames import canonical_op
+from ranktrace.analyzers.readers.base import Skipped
+from ranktrace.analyzers.readers.nccl_log import normalize_comm_id
+from ranktrace.analyzers.readers.nccl_ras_common import _OP_TOTAL, _ts
 
 # ---- text patterns (client_support.cc)
 _TABLE_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+(?:-\d+)?)\s+(\d+)\s+(\d+)\s+([A-Z]+)\s+([A-Z]+)\s*$")

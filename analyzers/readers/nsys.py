@@ -88,17 +88,17 @@ import sqlite3
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from analyzers import schema
-from analyzers.readers.base import ReaderError, ReadResult
-from analyzers.readers.nsys_cuda import _CudaStages
-from analyzers.readers.nsys_decode import decode_global_tid, parse_nccl_kernel_name
-from analyzers.readers.nsys_export import BATCH_ROWS
-from analyzers.readers.nsys_fields import (FIELD_MAP, NO_COMPLETION, NVTX_TOKENS, OBSERVATION_KINDS, OPEN_AT_END,
+from ranktrace.analyzers import schema
+from ranktrace.analyzers.readers.base import ReaderError, ReadResult
+from ranktrace.analyzers.readers.nsys_cuda import _CudaStages
+from ranktrace.analyzers.readers.nsys_decode import decode_global_tid, parse_nccl_kernel_name
+from ranktrace.analyzers.readers.nsys_export import BATCH_ROWS
+from ranktrace.analyzers.readers.nsys_fields import (FIELD_MAP, NO_COMPLETION, NVTX_TOKENS, OBSERVATION_KINDS, OPEN_AT_END,
                                            OPENED_BEFORE, FieldMap)
-from analyzers.readers.nsys_nvtx import _NvtxStages
-from analyzers.readers.nsys_observations import _ObservationStages
-from analyzers.readers.nsys_ranks import _fill_identity, _RankStages
-from analyzers.readers.nsys_sqlite import (_SQLITE_MAGIC, _check_file, _connect, _is_lock_error, _looks_like_nsys,
+from ranktrace.analyzers.readers.nsys_nvtx import _NvtxStages
+from ranktrace.analyzers.readers.nsys_observations import _ObservationStages
+from ranktrace.analyzers.readers.nsys_ranks import _fill_identity, _RankStages
+from ranktrace.analyzers.readers.nsys_sqlite import (_SQLITE_MAGIC, _check_file, _connect, _is_lock_error, _looks_like_nsys,
                                            _unreadable)
 
 __all__ = [

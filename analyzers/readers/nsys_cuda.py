@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from analyzers.opnames import P2P_OPS, canonical_op
-from analyzers.readers.nsys_decode import _API_VERSION, _MASK24, decode_global_tid, parse_nccl_kernel_name
-from analyzers.readers.nsys_export import _ExportBase
-from analyzers.readers.nsys_fields import NO_COMPLETION, OPEN_AT_END
+from ranktrace.analyzers.opnames import P2P_OPS, canonical_op
+from ranktrace.analyzers.readers.nsys_decode import _API_VERSION, _MASK24, decode_global_tid, parse_nccl_kernel_name
+from ranktrace.analyzers.readers.nsys_export import _ExportBase
+from ranktrace.analyzers.readers.nsys_fields import NO_COMPLETION, OPEN_AT_END
 
 
 class _CudaStages(_ExportBase):

@@ -20,10 +20,10 @@ from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 
-from analyzers import schema
-from analyzers.readers.base import ReaderError, Skipped
-from analyzers.readers.nsys_fields import SOURCE
-from analyzers.readers.nsys_sqlite import _looks_like_nsys
+from ranktrace.analyzers import schema
+from ranktrace.analyzers.readers.base import ReaderError, Skipped
+from ranktrace.analyzers.readers.nsys_fields import SOURCE
+from ranktrace.analyzers.readers.nsys_sqlite import _looks_like_nsys
 
 __all__ = ["BATCH_ROWS"]
 

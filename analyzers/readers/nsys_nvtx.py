@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from analyzers.opnames import COLLECTIVE_OPS, P2P_OPS, canonical_op
-from analyzers.readers.nsys_decode import (_BACKEND_PREFIX, _NVTX_DOMAIN_CREATE, _NVTX_END_ONLY, _NVTX_MARKS,
+from ranktrace.analyzers.opnames import COLLECTIVE_OPS, P2P_OPS, canonical_op
+from ranktrace.analyzers.readers.nsys_decode import (_BACKEND_PREFIX, _NVTX_DOMAIN_CREATE, _NVTX_END_ONLY, _NVTX_MARKS,
                                            _NVTX_OPEN, _NVTX_RANGES, _RANK_TOKEN, _RANKTRACE_TEXT,
                                            decode_global_tid)
-from analyzers.readers.nsys_export import _ExportBase, _OpRange
-from analyzers.readers.nsys_fields import NVTX_TOKENS, OPEN_AT_END, OPENED_BEFORE, RANKTRACE_DOMAIN
+from ranktrace.analyzers.readers.nsys_export import _ExportBase, _OpRange
+from ranktrace.analyzers.readers.nsys_fields import NVTX_TOKENS, OPEN_AT_END, OPENED_BEFORE, RANKTRACE_DOMAIN
 
 
 class _NvtxStages(_ExportBase):

@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from analyzers.readers import nsys_export
-from analyzers.readers.nsys_decode import _PROC_RANK, decode_global_tid
-from analyzers.readers.nsys_export import _ExportBase
+from ranktrace.analyzers.readers import nsys_export
+from ranktrace.analyzers.readers.nsys_decode import _PROC_RANK, decode_global_tid
+from ranktrace.analyzers.readers.nsys_export import _ExportBase
 
 
 class _ObservationStages(_ExportBase):

@@ -12,7 +12,7 @@ import re
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analyzers.readers.nsys_export import _ExportBase
+from ranktrace.analyzers.readers.nsys_export import _ExportBase
 
 
 class _RankStages(_ExportBase):

@@ -12,7 +12,7 @@ import struct
 import urllib.parse
 from pathlib import Path
 
-from analyzers.readers.base import ReaderError
+from ranktrace.analyzers.readers.base import ReaderError
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _LOCK_TIMEOUT_S = 0.5

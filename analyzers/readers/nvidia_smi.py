@@ -36,8 +36,8 @@ import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from analyzers import schema
-from analyzers.readers.base import ReaderError, ReadResult, Skipped
+from ranktrace.analyzers import schema
+from ranktrace.analyzers.readers.base import ReaderError, ReadResult, Skipped
 
 __all__ = ["FORMAT", "sniff", "read", "FieldMap", "FIELD_MAP", "OBSERVATION_KINDS"]
 

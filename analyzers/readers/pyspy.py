@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from analyzers import schema
-from analyzers.readers.base import (ReadResult, ReaderError, Skipped, decode_text, empty_file, json_array_items,
+from ranktrace.analyzers import schema
+from ranktrace.analyzers.readers.base import (ReadResult, ReaderError, Skipped, decode_text, empty_file, json_array_items,
                                     read_file_bytes)
-from analyzers.readers.rankinfer import rank_from_name, split_rank_prefix
+from ranktrace.analyzers.readers.rankinfer import rank_from_name, split_rank_prefix
 
 __all__ = ["FORMAT", "COLUMN_MAP", "sniff", "read", "classify_error"]
 

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from analyzers import schema
-from analyzers.readers.base import ReaderError, ReadResult, Skipped
-from tracer import ringformat as rf
+from ranktrace.analyzers import schema
+from ranktrace.analyzers.readers.base import ReaderError, ReadResult, Skipped
+from ranktrace.tracer import ringformat as rf
 
 __all__ = ["FORMAT", "RING_WRAPPED", "sniff", "read", "ring_to_events", "identity_of"]
 

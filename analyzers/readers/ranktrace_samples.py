@@ -35,8 +35,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
-from analyzers import schema
-from analyzers.readers.base import ReaderError, ReadResult, Skipped
+from ranktrace.analyzers import schema
+from ranktrace.analyzers.readers.base import ReaderError, ReadResult, Skipped
 
 __all__ = ["FORMAT", "MAX_SNAPSHOTS", "sniff", "read", "read_table", "read_host", "ras_summary", "ras_progress"]
 
@@ -265,7 +265,7 @@ def ras_summary(path: Path) -> dict[str, Any]:
     ``moved`` is True when any launched-op count grew between the first and the last answer, False when counts
     were comparable and none grew, None when there is nothing to compare (one answer, or no counts printed).
     """
-    from analyzers.readers import nccl_ras
+    from ranktrace.analyzers.readers import nccl_ras
 
     obs = nccl_ras.read(Path(path)).observations.to_pylist()
     counts: dict[int, dict[tuple[Any, Any, Any], int]] = {}

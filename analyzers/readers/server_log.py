@@ -59,8 +59,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
-from analyzers import schema
-from analyzers.readers.base import ReaderError, ReadResult, Skipped
+from ranktrace.analyzers import schema
+from ranktrace.analyzers.readers.base import ReaderError, ReadResult, Skipped
 
 __all__ = [
     "FORMAT",

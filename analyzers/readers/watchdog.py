@@ -52,9 +52,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from analyzers import schema
-from analyzers.opnames import canonical_op
-from analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped, has_nul_bytes
+from ranktrace.analyzers import schema
+from ranktrace.analyzers.opnames import canonical_op
+from ranktrace.analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped, has_nul_bytes
 
 __all__ = ["FORMAT", "COLUMN_MAP", "ColumnMap", "OBSERVATION_KINDS", "OPTYPE_NAMES", "sniff", "read"]
 

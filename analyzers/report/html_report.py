@@ -16,8 +16,8 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from analyzers.report.spans import Mark, Span, SpanSet, pair_spans
-from analyzers.verdict import Verdict, compact_ranks, operation_text
+from ranktrace.analyzers.report.spans import Mark, Span, SpanSet, pair_spans
+from ranktrace.analyzers.verdict import Verdict, compact_ranks, operation_text
 
 __all__ = ["render", "EXTENSION", "BINARY", "SPANS_PER_RANK"]
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from analyzers.verdict import Verdict
+from ranktrace.analyzers.verdict import Verdict
 
 __all__ = ["render", "EXTENSION", "BINARY"]
 

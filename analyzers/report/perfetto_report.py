@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from analyzers.report.spans import Span, pair_spans
+from ranktrace.analyzers.report.spans import Span, pair_spans
 
 __all__ = ["render", "EXTENSION", "BINARY"]
 

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analyzers.timeline import dictionary_codes, open_enter_rows
+from ranktrace.analyzers.timeline import dictionary_codes, open_enter_rows
 
 __all__ = ["Span", "Mark", "SpanSet", "pair_spans"]
 

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from analyzers.verdict import Verdict, compact_ranks, operation_text
+from ranktrace.analyzers.verdict import Verdict, compact_ranks, operation_text
 
 __all__ = ["render", "EXTENSION", "BINARY"]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from analyzers import schema
-from analyzers.readers.base import ReadResult
+from ranktrace.analyzers import schema
+from ranktrace.analyzers.readers.base import ReadResult
 
 __all__ = ["REPO", "check_contract", "check_field_map", "load_script", "rows"]
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from analyzers import schema
-from analyzers.opnames import canonical_op
-from analyzers.readers import flight_recorder as fr
-from analyzers.readers.base import ReaderError, ReadResult
+from ranktrace.analyzers import schema
+from ranktrace.analyzers.opnames import canonical_op
+from ranktrace.analyzers.readers import flight_recorder as fr
+from ranktrace.analyzers.readers.base import ReaderError, ReadResult
 
 HERE = Path(__file__).resolve().parent
 FIX = HERE.parent / "data" / "readers" / "flight_recorder"

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from analyzers import schema
-from analyzers.readers import fr_text
-from analyzers.readers.base import ReaderError, ReadResult
+from ranktrace.analyzers import schema
+from ranktrace.analyzers.readers import fr_text
+from ranktrace.analyzers.readers.base import ReaderError, ReadResult
 
 FIX = Path(__file__).resolve().parent.parent / "data" / "readers" / "fr_text"
 

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from analyzers import schema
-from analyzers.readers import gdb
-from analyzers.readers.base import ReaderError
+from ranktrace.analyzers import schema
+from ranktrace.analyzers.readers import gdb
+from ranktrace.analyzers.readers.base import ReaderError
 
 FIX = Path(__file__).resolve().parent.parent / "data" / "readers" / "gdb"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from analyzers.readers import kineto, kineto_json_stream
-from analyzers.readers.base import ReaderError
+from ranktrace.analyzers.readers import kineto, kineto_json_stream
+from ranktrace.analyzers.readers.base import ReaderError
 from tests.readers.shared_reader_checks import REPO, check_contract, check_field_map, rows
 
 HANDMADE = REPO / "tests" / "data" / "readers" / "kineto" / "handmade_p2p_relative_time.json"
@@ -262,7 +262,7 @@ class TestBigTrace:
         self._write(path, steps=200, per_step=800)
         assert path.stat().st_size > 70e6
         code = (f"import json, sys; sys.path.insert(0, {str(REPO)!r})\n"
-                "from analyzers.readers import kineto\n"
+                "from ranktrace.analyzers.readers import kineto\n"
                 "hwm = lambda: next(int(l.split()[1]) / 1024 for l in open('/proc/self/status') if l.startswith('VmHWM'))\n"
                 f"base = hwm(); r = kineto.read({str(path)!r})\n"
                 "ops = [e for e in r.events.to_pylist() if e['kind'] == 'complete']\n"

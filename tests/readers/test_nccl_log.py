@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from analyzers.readers import nccl_log, nccl_log_chunks, nccl_log_walk
-from analyzers.readers.base import ReaderError
+from ranktrace.analyzers.readers import nccl_log, nccl_log_chunks, nccl_log_walk
+from ranktrace.analyzers.readers.base import ReaderError
 from tests.readers.shared_reader_checks import check_contract, rows
 
 HERE = Path(__file__).resolve().parent
@@ -295,7 +295,7 @@ def test_numpy_path_and_regex_loop_give_the_same_tables(tmp_path: Path, monkeypa
 _STREAM_CHECK = """
 import json, sys
 sys.path.insert(0, {root!r})
-from analyzers.readers import nccl_log
+from ranktrace.analyzers.readers import nccl_log
 
 def hwm():
     for line in open("/proc/self/status"):

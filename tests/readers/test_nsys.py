@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from analyzers.readers import nsys, nsys_export
-from analyzers.readers.base import ReaderError
+from ranktrace.analyzers.readers import nsys, nsys_export
+from ranktrace.analyzers.readers.base import ReaderError
 from tests.readers.shared_reader_checks import REPO, check_contract, check_field_map, load_script, rows
 
 SCENARIO = REPO / "tests" / "data" / "scenarios" / "nsys_open_range"

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from analyzers import schema
-from analyzers.readers import pyspy
-from analyzers.readers.base import ReaderError
+from ranktrace.analyzers import schema
+from ranktrace.analyzers.readers import pyspy
+from ranktrace.analyzers.readers.base import ReaderError
 
 HERE = Path(__file__).resolve().parent
 FIX = HERE.parent / "data" / "readers" / "pyspy"

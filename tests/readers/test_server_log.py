@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from analyzers.readers import server_log
-from analyzers.readers.base import ReaderError
+from ranktrace.analyzers.readers import server_log
+from ranktrace.analyzers.readers.base import ReaderError
 from tests.readers.shared_reader_checks import REPO, check_contract, check_field_map, rows
 
 DATA = REPO / "tests" / "data" / "readers" / "server_log"

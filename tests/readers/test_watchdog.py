@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from analyzers.readers import watchdog
-from analyzers.readers.base import ReaderError
+from ranktrace.analyzers.readers import watchdog
+from ranktrace.analyzers.readers.base import ReaderError
 from tests.readers.shared_reader_checks import check_contract, rows
 
 HERE = Path(__file__).resolve().parent

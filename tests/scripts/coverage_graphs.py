@@ -1,6 +1,6 @@
 """Drives ranktrace's CUDA-graph and host-sync wrappers on a CPU build (tests/test_capture_coverage.py).
 
-Run with RANKTRACE_DIR set and tracer/_inject first on PYTHONPATH, so the tracer is installed exactly as under
+Run with RANKTRACE_DIR set and tracer/rank/_inject first on PYTHONPATH, so the tracer is installed exactly as under
 ``trace run``. torch.cuda's classes exist on CPU builds but their C++ bases are dummies ("Tried to instantiate dummy
 base class CUDAGraph"), so this script gives the dummy bases stand-in methods and builds instances with
 ``object.__new__``: the real torch.cuda.graph / CUDAGraph / Stream / Event Python code then runs, through our
@@ -60,7 +60,7 @@ def swap_inner(wrapper, replacement) -> None:
     """Point a ranktrace wrapper at a stand-in instead of the real (GPU-only) function it wraps."""
     assert getattr(wrapper, "__ranktrace__", False), wrapper
     slow = getattr(wrapper, "slow", None)
-    if slow is not None:  # the compiled fast path (tracer/_fastspan.c) calls its __wrapped__; unusual calls go to slow
+    if slow is not None:  # the compiled fast path (tracer/rank/_fastspan.c) calls its __wrapped__; unusual calls go to slow
         swap_inner(slow, replacement)
         wrapper._retarget(replacement)
         return

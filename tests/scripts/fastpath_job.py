@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup
 
-hooks = sys.modules["_ranktrace_tracer.hooks"]
-state = sys.modules["_ranktrace_tracer.inject"].state
+hooks = sys.modules["_ranktrace_tracer.rank.hooks"]
+state = sys.modules["_ranktrace_tracer.rank.inject"].state
 raw_allreduce = ProcessGroup.allreduce.__wrapped__  # the unpatched builtin: an op Python-level tracing never sees
 
 

@@ -16,14 +16,14 @@ def _ranktrace_start() -> None:
     try:
         import importlib.util
 
-        pkg_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        pkg_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tracer/
         spec = importlib.util.spec_from_file_location(
             "_ranktrace_tracer", os.path.join(pkg_dir, "__init__.py"), submodule_search_locations=[pkg_dir]
         )
         pkg = importlib.util.module_from_spec(spec)
         sys.modules["_ranktrace_tracer"] = pkg
         spec.loader.exec_module(pkg)
-        from _ranktrace_tracer import inject
+        from _ranktrace_tracer.rank import inject
 
         inject.install()
     except Exception as e:  # never the job's problem

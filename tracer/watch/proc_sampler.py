@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from tracer.sample_log import ArrowStreamLog
+from ranktrace.tracer.watch.sample_log import ArrowStreamLog
 
 __all__ = ["ProcSampler", "ProcCounters", "THREAD_KEYFRAME_S"]
 

@@ -28,7 +28,7 @@
 #include <time.h>
 
 #if PY_VERSION_HEX < 0x030B0000
-#error "tracer._fastspan needs CPython 3.11 or newer (tracer.hooks falls back to pure Python)"
+#error "ranktrace.tracer.rank._fastspan needs CPython 3.11 or newer (the pure-Python wrappers are used instead)"
 #endif
 
 #define N32 INT32_MIN
@@ -814,12 +814,12 @@ static PyType_Slot fastspan_slots[] = {
     {Py_tp_members, fastspan_members},
     {Py_tp_methods, fastspan_methods},
     {Py_tp_getset, fastspan_getset},
-    {Py_tp_doc, "A traced call's compiled fast path (see tracer/_fastspan.c); unusual calls go to .slow."},
+    {Py_tp_doc, "A traced call's compiled fast path (see tracer/rank/_fastspan.c); unusual calls go to .slow."},
     {0, NULL},
 };
 
 static PyType_Spec fastspan_spec = {
-    .name = "tracer._fastspan.FastSpan",
+    .name = "ranktrace.tracer.rank._fastspan.FastSpan",
     .basicsize = sizeof(FastSpan),
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
     .slots = fastspan_slots,

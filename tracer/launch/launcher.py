@@ -2,7 +2,7 @@
 
 What it guarantees (issue #2, DESIGN §1):
 * the command runs in a new process group (not a new session: it keeps the terminal), with PYTHONPATH and
-  observability variables from tracer.envplan;
+  observability variables from ranktrace.tracer.launch.envplan;
 * SIGINT / SIGTERM / SIGHUP reaching ``trace`` are forwarded to the job's process group;
 * ``trace`` is a child subreaper and its child gets a parent-death signal, so orphaned ranks are re-parented to us
   and nothing outlives the run: leftovers are terminated when the command exits;
@@ -13,6 +13,7 @@ What it guarantees (issue #2, DESIGN §1):
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
 import re
 import shutil
@@ -25,10 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from tracer import envplan, hostinfo, meta
-from tracer.monitor import Monitor, MonitorOptions
-from tracer.statusline import StatusLine
-from tracer.terminal import JobTerminal, controlling_tty
+from ranktrace.tracer.launch import envplan
+from ranktrace.tracer.launch import hostinfo
+from ranktrace.tracer.launch import meta
+from ranktrace.tracer.watch.monitor import Monitor, MonitorOptions
+from ranktrace.tracer.watch.statusline import StatusLine
+from ranktrace.tracer.launch.terminal import JobTerminal, controlling_tty
 
 __all__ = ["RunOptions", "LaunchError", "RunOutcome", "prepare_run_dir", "launch", "exit_code_of", "describe_exit"]
 
@@ -166,12 +169,14 @@ def _children_of(pid: int) -> list[int]:
 
 
 def _fastpath_problem() -> str | None:
-    """Why the ranks will run the pure-Python wrappers (tracer/_fastspan.c not built here), or None."""
-    from . import hooks
-
-    if os.environ.get(hooks.FASTPATH_ENV, "1") == "0":
+    """Why the ranks will run the pure-Python wrappers (tracer/rank/_fastspan.c not built here), or None."""
+    if os.environ.get("RANKTRACE_FASTPATH", "1") == "0":
         return None  # asked for: nothing to warn about
-    return hooks.FASTPATH_ERROR
+    try:
+        importlib.import_module("ranktrace.tracer.rank._fastspan")
+    except Exception as e:  # the ranks import it the same way and fall back alike
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 def launch(

@@ -12,8 +12,9 @@ import struct
 import time
 from pathlib import Path
 
-from tracer import burst, hostinfo
-from tracer import ringformat as rf
+from ranktrace.tracer.watch import burst
+from ranktrace.tracer.launch import hostinfo
+from ranktrace.tracer import ringformat as rf
 
 __all__ = ["live_pids", "host_dirs", "snapshot_live"]
 

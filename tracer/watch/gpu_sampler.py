@@ -2,7 +2,7 @@
 
 Why a child: an NVML call into a wedged driver (Xid 79, a GPU fallen off the bus) blocks in the kernel forever.
 In-process, that would freeze the launcher's wait loop and the job's signal forwarding with it. So one long-lived
-child (``python -m tracer.gpu_sampler``; imports pynvml only, never torch) answers one JSON line per request on
+child (``python -m ranktrace.tracer.watch.gpu_sampler``; imports pynvml only, never torch) answers one JSON line per request on
 stdout; the parent (:class:`GpuSampler`, driven from the monitor's tick) never blocks: it sends a request, picks
 the answer up on a later tick, and gives up on the child — one stderr line, SIGKILL, no more tries — when the
 hello or an answer is later than ``timeout_s``.
@@ -217,7 +217,7 @@ class GpuSampler:
     def __init__(self, *, log: Callable[[str], None], timeout_s: float = 10.0,
                  command: list[str] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.log, self.timeout_s, self.clock = log, timeout_s, clock
-        self.command = command or [sys.executable, "-m", "tracer.gpu_sampler"]
+        self.command = command or [sys.executable, "-m", "ranktrace.tracer.watch.gpu_sampler"]
         self.proc: subprocess.Popen[bytes] | None = None
         self.hello: dict[str, Any] | None = None
         self.off: str | None = None            # why sampling is off (said once)

@@ -14,7 +14,7 @@ import threading
 import weakref
 from typing import Any, Callable, Iterator
 
-from . import redact
+from .. import redact
 from .recorder import Recorder
 from .slotwriter import CAT, COMMIT, KIND, N32, N64, PACK, SLOT_SIZE, SlotWriter, ring_parts, slot_writer
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tracer.sample_log import ArrowStreamLog
+from ranktrace.tracer.watch.sample_log import ArrowStreamLog
 
 __all__ = ["StackSampler", "StackDump", "pyspy_dump", "dump_all", "agent_dumps", "frame_text"]
 
@@ -75,7 +75,7 @@ def dump_all(pyspy: str, pids: list[int], *, native: bool = False, timeout: floa
 def agent_dumps(host_dir: Path, pids: list[int], *, timeout: float = 1.0) -> dict[int, StackDump]:
     """Stacks of every pid that has an in-rank agent (tracer.agent), asked concurrently; no FR (cheap, periodic).
     For processes py-spy cannot read (ptrace denied, py-spy missing)."""
-    from tracer import agent
+    from ranktrace.tracer.rank import agent
 
     def one(pid: int) -> StackDump | None:
         sock = agent.socket_path(host_dir, pid)

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from tracer.ras import RasPoll
-    from tracer.samplers import StackDump
+    from ranktrace.tracer.watch.ras import RasPoll
+    from ranktrace.tracer.watch.samplers import StackDump
 
 __all__ = ["BurstResult", "capture_burst", "find_pyspy", "proc_threads"]
 
@@ -79,7 +79,7 @@ def proc_threads(pid: int) -> list[dict[str, object]]:
 
 def _dump_one(pyspy: str, pid: int, directory: Path, native: bool, timeout: float
               ) -> tuple[Path | None, str | None, "StackDump"]:
-    from tracer.samplers import pyspy_dump
+    from ranktrace.tracer.watch.samplers import pyspy_dump
 
     d = pyspy_dump(pyspy, pid, native=native, timeout=timeout)
     if d.text is None:
@@ -91,7 +91,7 @@ def _dump_one(pyspy: str, pid: int, directory: Path, native: bool, timeout: floa
 
 def _ask_agent(host_dir: Path, pid: int, directory: Path, timeout: float) -> tuple[list[Path], str | None]:
     """The rank's own answer (tracer.agent): its Python stacks without ptrace, and its Flight Recorder."""
-    from tracer import agent
+    from ranktrace.tracer.rank import agent
 
     sock = agent.socket_path(host_dir, pid)
     if not sock.exists():
@@ -129,7 +129,7 @@ def capture_burst(host_dir: Path, pids: list[int], *, native: bool = False, time
     if ras_addr:
         import threading
 
-        from tracer import ras
+        from ranktrace.tracer.watch import ras
 
         def ask() -> None:
             try:

@@ -11,9 +11,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from analyzers import schema
-from analyzers.readers import ranktrace_ring
-from tracer import ringformat as rf
+from ranktrace.analyzers import schema
+from ranktrace.analyzers.readers import ranktrace_ring
+from ranktrace.tracer import ringformat as rf
 
 __all__ = ["finalize_host_dir", "EVENTS_SCHEMA_VERSION", "write_events"]
 

@@ -174,7 +174,7 @@ def summarize(res: RasPoll) -> dict[str, Any]:
     """Per-communicator op counts of both answers, missing/dead ranks, and whether any count moved."""
     if res.file is None:
         return {}
-    from analyzers.readers import ranktrace_samples
+    from ranktrace.analyzers.readers import ranktrace_samples
 
     try:
         res.summary = ranktrace_samples.ras_summary(res.file)

@@ -16,10 +16,10 @@ One module per source, this one the single import for the monitor:
 """
 from __future__ import annotations
 
-from tracer.proc_sampler import THREAD_KEYFRAME_S, ProcCounters, ProcSampler
-from tracer.ring_tail import RingTail
-from tracer.sample_log import GPU_SCHEMA, PROC_SCHEMA, SCHEMAS, STACKS_SCHEMA, ArrowStreamLog
-from tracer.stack_sampler import StackDump, StackSampler, agent_dumps, dump_all, frame_text, pyspy_dump
+from ranktrace.tracer.watch.proc_sampler import THREAD_KEYFRAME_S, ProcCounters, ProcSampler
+from ranktrace.tracer.watch.ring_tail import RingTail
+from ranktrace.tracer.watch.sample_log import GPU_SCHEMA, PROC_SCHEMA, SCHEMAS, STACKS_SCHEMA, ArrowStreamLog
+from ranktrace.tracer.watch.stack_sampler import StackDump, StackSampler, agent_dumps, dump_all, frame_text, pyspy_dump
 
 __all__ = [
     "PROC_SCHEMA", "STACKS_SCHEMA", "GPU_SCHEMA", "SCHEMAS", "ArrowStreamLog", "ProcSampler", "ProcCounters",

@@ -16,7 +16,7 @@ __all__ = ["EnvPlan", "plan_environment", "INJECT_DIR", "FORBIDDEN", "curated_su
 
 HOOKS_ENV = "RANKTRACE_HOOKS"  # read in-rank by tracer.user_hooks
 
-INJECT_DIR = str(Path(__file__).resolve().parent / "_inject")
+INJECT_DIR = str(Path(__file__).resolve().parents[1] / "rank" / "_inject")
 # Never set by ranktrace: each changes the job's behaviour or speed.
 FORBIDDEN = frozenset(
     {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT", "CUDA_LAUNCH_BLOCKING",

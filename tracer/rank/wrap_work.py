@@ -1,7 +1,7 @@
 """Wrappers of what follows an async op: ``Work.wait()`` (linked to the op whose handle it is) and
 ``_coalescing_manager`` blocks (one span for the block; each call inside is counted by its own op wrapper).
 
-Separate from tracer.wrap_ops because neither records an op of its own: both relate spans the op wrappers made.
+Separate from ranktrace.tracer.rank.wrap_ops because neither records an op of its own: both relate spans the op wrappers made.
 """
 from __future__ import annotations
 

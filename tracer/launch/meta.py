@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from tracer import redact
-from tracer.envplan import curated_subset
+from ranktrace.tracer import redact
+from ranktrace.tracer.launch.envplan import curated_subset
 
 __all__ = ["SCHEMA", "initial_meta", "write_meta", "read_meta", "update_meta"]
 

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from tracer import burst, ringformat
+from ranktrace.tracer.watch import burst
+from ranktrace.tracer import ringformat
 
 __all__ = ["MonitorOptions", "Monitor", "ring_progress", "proc_counters"]
 
@@ -43,7 +44,7 @@ def _env_float(name: str, default: float) -> float:
 
 
 def _env_ras() -> str | None:
-    from tracer import ras
+    from ranktrace.tracer.watch import ras
 
     return ras.default_addr()
 
@@ -97,7 +98,7 @@ def proc_counters(pid: int) -> tuple[int, int, int] | None:
     Not rchar/wchar: those count socket traffic, and a rank polling the rendezvous store inside
     init_process_group (or an NCCL proxy) moves them forever while making no progress at all.
     """
-    from tracer.samplers import ProcSampler
+    from ranktrace.tracer.watch.samplers import ProcSampler
 
     c = ProcSampler(None).sample([pid]).get(pid)
     return None if c is None else (c.io, c.majflt, c.rss_pages)
@@ -124,7 +125,7 @@ class Monitor:
     def __init__(self, run_dir: Path, host_dir: Path, opts: MonitorOptions, *,
                  log: Callable[[str], None], show: Callable[[str], None],
                  clock: Callable[[], float] = time.monotonic) -> None:
-        from tracer import samplers
+        from ranktrace.tracer.watch import samplers
 
         self.run_dir, self.host_dir, self.opts = run_dir, host_dir, opts
         self.log, self.show, self.clock = log, show, clock
@@ -150,7 +151,7 @@ class Monitor:
         self.stack_sampler = samplers.StackSampler(self.stack_log)
         self.gpu: Any = None
         if opts.gpu:
-            from tracer.gpu_sampler import GpuSampler
+            from ranktrace.tracer.watch.gpu_sampler import GpuSampler
 
             self.gpu = GpuSampler(log=log)
             try:
@@ -178,7 +179,7 @@ class Monitor:
         return {t.pid: t.rank for t in self.tails.values() if t.pid}
 
     def _cheap_progress(self) -> bool:
-        from tracer import samplers
+        from ranktrace.tracer.watch import samplers
 
         moved = False
         st = self.state
@@ -240,7 +241,7 @@ class Monitor:
 
     def sample_stacks(self, trigger: str) -> dict[int, Any]:
         """One non-blocking py-spy round over every rank, recorded in stacks.arrow; {} without py-spy."""
-        from tracer import samplers
+        from ranktrace.tracer.watch import samplers
 
         pids = self.pids()
         if self.pyspy is None and not self._said_no_pyspy:
@@ -260,7 +261,7 @@ class Monitor:
 
     def _stack_progress(self, dumps: dict[int, Any]) -> bool:
         """Running non-poller threads, or changed stacks, are progress."""
-        from analyzers import hoststate
+        from ranktrace.analyzers import hoststate
 
         moved = False
         for pid, d in dumps.items():
@@ -324,7 +325,7 @@ class Monitor:
 
     # --- the live status line -----------------------------------------------------------------------------
     def status_text(self, width: int = 100) -> str:
-        from tracer import statusline
+        from ranktrace.tracer.watch import statusline
 
         ranked = [t for t in self.tails.values() if t.rank is not None]
         alive = sum(1 for t in ranked if not t.exited and os.path.exists(f"/proc/{t.pid}"))
@@ -441,9 +442,9 @@ class Monitor:
 
     def early_line(self) -> str:
         """'ranks 0-2 in all_reduce group 0 seq 5; rank 3 in nothing' from the live rings, before the analysis."""
-        from analyzers import timeline
-        from analyzers.readers import ranktrace_ring
-        from analyzers.verdict import compact_ranks
+        from ranktrace.analyzers import timeline
+        from ranktrace.analyzers.readers import ranktrace_ring
+        from ranktrace.analyzers.verdict import compact_ranks
 
         inside: dict[str, set[int]] = {}
         idle: set[int] = set()
@@ -475,8 +476,8 @@ class Monitor:
         """Full analysis now; print it if the picture changed since the last report; write verdict.json and
         report.html."""
         try:
-            from analyzers import facade
-            from analyzers.report import text_report
+            from ranktrace.analyzers import facade
+            from ranktrace.analyzers.report import text_report
 
             result = facade.analyze_with_timeline([self.run_dir])
         except Exception as e:

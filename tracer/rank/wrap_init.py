@@ -1,7 +1,7 @@
 """Wrappers of init_process_group / new_group / destroy_process_group: recorded in the ring's non-wrapping
 region (a serving loop's idle ops must never evict them), with the backend-counter bookkeeping init needs.
 
-Separate from tracer.wrap_ops because init calls are not ops: no seq, no fast path, their own ring region.
+Separate from ranktrace.tracer.rank.wrap_ops because init calls are not ops: no seq, no fast path, their own ring region.
 """
 from __future__ import annotations
 

@@ -98,7 +98,12 @@ def install() -> None:
     trace_dir = os.environ.get("RANKTRACE_DIR")
     if not trace_dir:
         return
-    from . import graphs, hooks, pg_hooks, recorder, redact, user_hooks
+    from . import patch_graphs as graphs
+    from . import hooks
+    from . import patch_pg as pg_hooks
+    from . import recorder
+    from .. import redact
+    from . import patch_user as user_hooks
 
     rings = os.path.join(trace_dir, "rings")
     slots = _env_int("RANKTRACE_RING_SLOTS") or recorder.DEFAULT_SLOTS

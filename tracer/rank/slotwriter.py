@@ -14,7 +14,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Callable, Iterator
 
-from . import ringformat as rf
+from .. import ringformat as rf
 from .recorder import Recorder
 
 __all__ = ["slot_writer", "ring_parts", "SlotWriter", "N32", "N64", "KIND", "CAT", "PACK", "COMMIT", "SLOT_SIZE"]

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tracer import ringformat as rf
+from ranktrace.tracer import ringformat as rf
 
 __all__ = ["RingTail"]
 

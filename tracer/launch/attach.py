@@ -12,7 +12,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tracer import burst, hostinfo, meta
+from ranktrace.tracer.watch import burst
+from ranktrace.tracer.launch import hostinfo
+from ranktrace.tracer.launch import meta
 
 __all__ = ["AttachResult", "descendants", "rank_of", "attach"]
 

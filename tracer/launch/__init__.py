@@ -1,0 +1,1 @@
+"""How a traced run starts (``trace run``, ``trace attach``) and how it is finalized."""
