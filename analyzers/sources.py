@@ -25,13 +25,13 @@ import pyarrow.ipc as ipc
 from ranktrace.analyzers import schema
 from ranktrace.analyzers.readers.base import ReaderError, ReadResult, Skipped
 
-__all__ = ["Inputs", "InputError", "collect", "READERS", "HostRun"]
+__all__ = ["Inputs", "InputError", "InputRead", "collect", "STRUCTURED", "HostRun"]
 
-# Sniff order: specific binary/JSON formats first, then text logs (which may share a file).
-READERS = ("ranktrace_ring", "nsys", "flight_recorder", "kineto", "nccl_ras", "fr_text", "pyspy", "faulthandler",
-           "gdb", "watchdog", "nccl_log", "server_log", "nvidia_smi")
-TEXT_READERS = frozenset({"pyspy", "faulthandler", "gdb", "watchdog", "nccl_log", "server_log", "nvidia_smi",
-                          "fr_text", "nccl_ras"})
+# Structured formats (binary, JSON, SQLite) are recognised by their first bytes and read whole, by one reader. Every
+# other input is text: opened once by the shared opener and read by each family whose signatures it holds
+# (readers/catalogue.py).
+STRUCTURED = ("ranktrace_ring", "nsys", "flight_recorder", "kineto", "nccl_ras", "pyspy")
+_JSON_ONLY = frozenset({"nccl_ras", "pyspy"})  # their text forms are text families like the others
 HEAD_BYTES = 64 * 1024
 _OWN_FILES = {"meta.json", "verdict.json", "report.html", "events.arrow", "proc.json", "problems.txt"}
 
@@ -49,6 +49,18 @@ class HostRun:
     ended: bool
 
 
+@dataclass(frozen=True)
+class InputRead:
+    """How one input file was read: which families recognised it, the ranks it named, the lines used."""
+
+    file: str
+    recognised: tuple[str, ...]
+    ranks: tuple[int, ...] = ()
+    lines_used: int | None = None
+    lines_total: int | None = None
+    note: str = ""
+
+
 @dataclass
 class Inputs:
     events: pa.Table
@@ -59,6 +71,7 @@ class Inputs:
     formats: dict[str, list[str]] = field(default_factory=dict)
     hosts: list[HostRun] = field(default_factory=list)
     world_size: int | None = None
+    reads: list[InputRead] = field(default_factory=list)
 
     @property
     def has_ranktrace(self) -> bool:
@@ -66,13 +79,7 @@ class Inputs:
 
 
 def _load_readers() -> list[tuple[str, Any]]:
-    mods = []
-    for name in READERS:
-        try:
-            mods.append((name, importlib.import_module(f"ranktrace.analyzers.readers.{name}")))
-        except ImportError:
-            continue
-    return mods
+    return [(name, importlib.import_module(f"ranktrace.analyzers.readers.{name}")) for name in STRUCTURED]
 
 
 def _is_host_dir(p: Path) -> bool:
@@ -98,8 +105,9 @@ def collect(paths: list[Path]) -> Inputs:
         if not host_dirs:
             files.extend(_walk(p))
     formats: dict[str, list[str]] = {}
+    reads: list[InputRead] = []
     for f in files:
-        got = _read_file(f, readers, results, skipped)
+        got = _read_file(f, readers, results, skipped, reads)
         if got:
             formats[str(f)] = got
     if not results and not hosts:
@@ -116,6 +124,7 @@ def collect(paths: list[Path]) -> Inputs:
         formats=formats,
         hosts=hosts,
         world_size=max((r.world_size for r in results if r.world_size), default=None),
+        reads=reads,
     )
     _fill_ranks(inputs)
     return inputs
@@ -130,19 +139,22 @@ def _walk(root: Path) -> list[Path]:
     return out
 
 
-def _read_file(f: Path, readers: list[tuple[str, Any]], results: list[ReadResult], skipped: list[Skipped]) -> list[str]:
+def _read_file(f: Path, readers: list[tuple[str, Any]], results: list[ReadResult], skipped: list[Skipped],
+               reads: list[InputRead]) -> list[str]:
     try:
         with open(f, "rb") as fh:
-            head = fh.read(HEAD_BYTES)
+            head = fh.read(HEAD_BYTES) if f.is_file() else b""
     except OSError as e:
         skipped.append(Skipped(str(f), None, f"cannot open: {e.strerror or e}"))
+        return []
+    if not f.is_file():
+        skipped.append(Skipped(str(f), None, "not a regular file (a FIFO, socket or device): not read"))
         return []
     if not head:
         skipped.append(Skipped(str(f), None, "empty file"))
         return []
-    claimed: list[str] = []
     for name, mod in readers:
-        if claimed and (name not in TEXT_READERS or claimed[0] not in TEXT_READERS):
+        if name in _JSON_ONLY and head.lstrip()[:1] not in (b"{", b"["):
             continue
         try:
             if not mod.sniff(f, head):
@@ -151,14 +163,62 @@ def _read_file(f: Path, readers: list[tuple[str, Any]], results: list[ReadResult
             continue
         try:
             results.append(mod.read(f))
-            claimed.append(name)
+            reads.append(InputRead(str(f), (name,)))
+            return [name]
         except ReaderError as e:
             skipped.append(Skipped(str(f), None, f"{name}: {e.reason}"))
+            return []
         except Exception as e:  # a reader bug must not lose the other files
             skipped.append(Skipped(str(f), None, f"{name} reader failed: {type(e).__name__}: {e}"))
-    if not claimed and not any(s.file == str(f) for s in skipped):
+            return []
+    if _looks_binary(head):
+        skipped.append(Skipped(str(f), None, "binary content, not a format ranktrace reads (skipped)"))
+        reads.append(InputRead(str(f), (), note="binary"))
+        return []
+    return _read_text(f, results, skipped, reads)
+
+
+def _read_text(f: Path, results: list[ReadResult], skipped: list[Skipped], reads: list[InputRead]) -> list[str]:
+    """Every family whose signatures occur in the text reads it (catalogue.scan)."""
+    from ranktrace.analyzers.readers import catalogue
+    from ranktrace.analyzers.readers.text import open_text
+
+    try:
+        doc = open_text(f)
+    except ReaderError as e:
+        skipped.append(Skipped(str(f), None, e.reason))
+        return []
+    skipped.extend(doc.notes)
+    found = catalogue.scan(doc)
+    claimed: list[str] = []
+    ranks: set[int] = set()
+    for name in found.families:
+        mod = importlib.import_module(next(fam.module for fam in catalogue.FAMILIES if fam.name == name))
+        try:
+            res = mod.read_doc(doc)
+        except ReaderError:
+            continue  # its signatures were a coincidence: another family's text
+        except Exception as e:  # a reader bug must not lose the other families or files
+            skipped.append(Skipped(str(f), None, f"{name} reader failed: {type(e).__name__}: {e}"))
+            continue
+        results.append(res)
+        claimed.append(name)
+        for table in (res.events, res.stacks, res.observations):
+            if table.num_rows:
+                ranks.update(r for r in table["rank"].to_pylist() if r is not None)
+    if not claimed:
         skipped.append(Skipped(str(f), None, "not a format ranktrace reads (skipped)"))
+    reads.append(InputRead(str(f), tuple(claimed), tuple(sorted(ranks)), found.used, found.total))
     return claimed
+
+
+def _looks_binary(head: bytes) -> bool:
+    """Mostly control bytes once NUL runs (holes left by a crash) are set aside: a core, a pickle, an image."""
+    data = head.replace(b"\x00", b"")
+    if not data:
+        return True
+    ctrl = sum(1 for b in data[:8192] if b < 32 and b not in (9, 10, 13, 27))
+    return ctrl > 0.1 * min(len(data), 8192)
 
 
 def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], files: list[Path]) -> HostRun:

@@ -15,7 +15,7 @@ __all__ = ["SCHEMA", "STATUSES", "KINDS", "Evidence", "Finding", "Operation", "W
 SCHEMA = "ranktrace.verdict/1"
 STATUSES = ("hang", "completed", "crashed", "idle", "inconclusive")
 KINDS = ("missing_ranks", "collective_mismatch", "stuck_in_collective", "graph_capture", "init_hang", "rank_exited",
-         "blocked_outside_collective", "no_hang", "unknown")
+         "blocked_outside_collective", "wait_cycle", "no_hang", "unknown")
 
 
 @dataclass(frozen=True)

@@ -37,9 +37,10 @@ from typing import Any
 
 from ranktrace.analyzers import schema
 from ranktrace.analyzers.opnames import canonical_op
+from ranktrace.analyzers.readers.text import TextDoc
 from ranktrace.analyzers.readers.base import ReadResult, Skipped, decode_text, empty_file, read_file_bytes
 
-__all__ = ["FORMAT", "LINE_MAP", "sniff", "read"]
+__all__ = ["FORMAT", "LINE_MAP", "sniff", "read", "read_doc"]
 
 FORMAT = "fr_text"
 
@@ -155,6 +156,16 @@ def read(path: Path) -> ReadResult:
     text = decode_text(path, data, "binary data, not torchfrtrace text output")
     if not text.strip():
         return empty_file(f, FORMAT)
+    return _from_text(path, text)
+
+
+def read_doc(doc: TextDoc) -> ReadResult:
+    """The same, on a text input opened by the shared opener (launcher prefixes spelt one way)."""
+    return _from_text(Path(doc.path), doc.canonical_text())
+
+
+def _from_text(path: Path, text: str) -> ReadResult:
+    f = str(path)
 
     blocks: list[_Block] = []
     obs: list[dict[str, Any]] = []

@@ -32,10 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ranktrace.analyzers import schema
+from ranktrace.analyzers.readers.text import TextDoc
 from ranktrace.analyzers.readers.base import ReadResult, ReaderError, Skipped, decode_text, empty_file, read_file_bytes
 from ranktrace.analyzers.readers.rankinfer import rank_from_name, split_rank_prefix
 
-__all__ = ["FORMAT", "COLUMN_MAP", "sniff", "read", "frame_text"]
+__all__ = ["FORMAT", "COLUMN_MAP", "sniff", "read", "read_doc", "frame_text"]
 
 FORMAT = "gdb"
 
@@ -151,6 +152,16 @@ def read(path: Path) -> ReadResult:
     if not data.strip():
         return empty_file(f, FORMAT)
     text = decode_text(path, data, "binary data (a core file?), not gdb text output")
+    return _from_text(path, text)
+
+
+def read_doc(doc: TextDoc) -> ReadResult:
+    """The same, on a text input opened by the shared opener (launcher prefixes spelt one way)."""
+    return _from_text(Path(doc.path), doc.canonical_text())
+
+
+def _from_text(path: Path, text: str) -> ReadResult:
+    f = str(path)
 
     threads: list[_Thread] = []
     section_pid: dict[int, int] = {}

@@ -80,8 +80,11 @@ records to rows and ``seq``), ``nccl_log_walk`` (the chunk and line walker, ``_R
 """
 from __future__ import annotations
 
+import io
+
 from pathlib import Path
 
+from ranktrace.analyzers.readers.text import TextDoc
 from ranktrace.analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped
 from ranktrace.analyzers.readers.nccl_log_grammar import _SNIFF_RE, FORMAT, NCCL_DTYPES, _looks_binary, normalize_comm_id
 from ranktrace.analyzers.readers.nccl_log_walk import _Reader
@@ -93,7 +96,7 @@ __all__ = [
     "OBSERVATION_KINDS",
     "NCCL_DTYPES",
     "sniff",
-    "read",
+    "read", "read_doc",
     "normalize_comm_id",
 ]
 
@@ -174,6 +177,29 @@ def read(path: Path) -> ReadResult:
             r.run(f)
         except OSError as e:
             raise ReaderError(path, f"read failed: {e.strerror or e}") from e
+    return _result(path, r)
+
+
+def read_doc(doc: TextDoc) -> ReadResult:
+    """The NCCL lines of a text input opened by the shared opener. A big plain file is streamed from disk as
+    ``read`` does (the opener's copy would cost memory for nothing); an excerpt is read from the opener's lines
+    (ANSI codes removed, wrapped lines joined, its NCCL-specific prefixes kept)."""
+    path = Path(doc.path)
+    try:
+        big = path.stat().st_size > _STREAM_FROM_DISK
+    except OSError:
+        big = False
+    if big and not path.name.endswith(".gz"):
+        return read(path)
+    r = _Reader(path)
+    r.run(io.BytesIO(doc.raw_text().encode("utf-8", errors="replace")))
+    return _result(path, r)
+
+
+_STREAM_FROM_DISK = 32 << 20
+
+
+def _result(path: Path, r: "_Reader") -> ReadResult:
     if r.n_marker_lines == 0 and not r.versions:
         nuls = f" ({r.nul_bytes} NUL bytes: a sparse or zeroed file)" if r.nul_bytes else ""
         raise ReaderError(path, f"no NCCL debug line (host:pid:tid [dev] NCCL INFO|WARN ...) found{nuls}")

@@ -39,11 +39,12 @@ from pathlib import Path
 from typing import Any
 
 from ranktrace.analyzers import schema
+from ranktrace.analyzers.readers.text import TextDoc
 from ranktrace.analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped, has_nul_bytes
 from ranktrace.analyzers.readers.nccl_ras_json import _read_json
 from ranktrace.analyzers.readers.nccl_ras_text import _read_text
 
-__all__ = ["FORMAT", "COLUMN_MAP", "ColumnMap", "OBSERVATION_KINDS", "sniff", "read"]
+__all__ = ["FORMAT", "COLUMN_MAP", "ColumnMap", "OBSERVATION_KINDS", "sniff", "read", "read_doc"]
 
 FORMAT = "nccl_ras"
 
@@ -111,6 +112,16 @@ def read(path: Path) -> ReadResult:
         text = data.decode("utf-8", "replace")
         skipped.append(Skipped(file, data.count(b"\n", 0, e.start) + 1,
                                "bytes that are not UTF-8 (mixed encodings); decoded with replacement characters"))
+    return _from_text(path, text, skipped)
+
+
+def read_doc(doc: TextDoc) -> ReadResult:
+    """The same, on a text input opened by the shared opener (its notes are the opener's)."""
+    return _from_text(Path(doc.path), doc.canonical_text(), [])
+
+
+def _from_text(path: Path, text: str, skipped: list[Skipped]) -> ReadResult:
+    file = str(path)
     obs: list[dict[str, Any]] = []
     version: str | None = None
     if text.lstrip().startswith(("{", "[")):

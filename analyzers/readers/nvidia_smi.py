@@ -37,9 +37,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ranktrace.analyzers import schema
+from ranktrace.analyzers.readers.text import TextDoc
 from ranktrace.analyzers.readers.base import ReaderError, ReadResult, Skipped
 
-__all__ = ["FORMAT", "sniff", "read", "FieldMap", "FIELD_MAP", "OBSERVATION_KINDS"]
+__all__ = ["FORMAT", "sniff", "read", "read_doc", "FieldMap", "FIELD_MAP", "OBSERVATION_KINDS"]
 
 FORMAT = "nvidia_smi"
 SOURCE = "nvidia_smi"
@@ -102,6 +103,15 @@ def read(path: Path) -> ReadResult:
         text = path.read_bytes().decode("utf-8", errors="replace")
     except OSError as e:
         raise ReaderError(path, f"cannot open: {e.strerror or e}") from e
+    return _from_text(path, text)
+
+
+def read_doc(doc: TextDoc) -> ReadResult:
+    """The same, on a text input opened by the shared opener (tables are read from the raw lines)."""
+    return _from_text(Path(doc.path), doc.raw_text())
+
+
+def _from_text(path: Path, text: str) -> ReadResult:
     parser = _Parser(str(path))
     lines = [_ANSI.sub("", ln).rstrip("\r") for ln in text.split("\n")]
     parser.parse(lines)

@@ -44,8 +44,9 @@ from ranktrace.analyzers import schema
 from ranktrace.analyzers.readers.base import (ReadResult, ReaderError, Skipped, decode_text, empty_file, json_array_items,
                                     read_file_bytes)
 from ranktrace.analyzers.readers.rankinfer import rank_from_name, split_rank_prefix
+from ranktrace.analyzers.readers.text import TextDoc
 
-__all__ = ["FORMAT", "COLUMN_MAP", "sniff", "read", "classify_error"]
+__all__ = ["FORMAT", "COLUMN_MAP", "sniff", "read", "read_doc", "classify_error"]
 
 FORMAT = "pyspy"
 
@@ -374,6 +375,16 @@ def read(path: Path) -> ReadResult:
     if not data.strip():
         return empty_file(f, FORMAT)
     text = decode_text(path, data, "binary data, not py-spy output")
+    return _from_text(path, text)
+
+
+def read_doc(doc: TextDoc) -> ReadResult:
+    """The py-spy dumps found in a text input opened by the shared opener (prefixes already spelt one way)."""
+    return _from_text(Path(doc.path), doc.canonical_text())
+
+
+def _from_text(path: Path, text: str) -> ReadResult:
+    f = str(path)
     file_rank = rank_from_name(path.name)
 
     if text.lstrip().startswith("["):

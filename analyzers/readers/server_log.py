@@ -61,11 +61,12 @@ from typing import Any, Iterator, NamedTuple
 
 from ranktrace.analyzers import schema
 from ranktrace.analyzers.readers.base import ReaderError, ReadResult, Skipped
+from ranktrace.analyzers.readers.text import TextDoc
 
 __all__ = [
     "FORMAT",
     "sniff",
-    "read",
+    "read", "read_doc",
     "FieldMap",
     "FIELD_MAP",
     "PHASES",
@@ -198,8 +199,21 @@ def read(path: Path) -> ReadResult:
         mtime_year = _dt.datetime.fromtimestamp(path.stat().st_mtime, tz=_dt.timezone.utc).year
     except OSError as e:
         raise ReaderError(path, f"cannot open: {e.strerror or e}") from e
+    return _from_text(path, data.decode("utf-8", errors="replace"), mtime_year)
+
+
+def read_doc(doc: TextDoc) -> ReadResult:
+    """The same, on a text input opened by the shared opener (its own rank tags are read from the raw lines)."""
+    try:
+        year = _dt.datetime.fromtimestamp(Path(doc.path).stat().st_mtime, tz=_dt.timezone.utc).year
+    except OSError:
+        year = _dt.datetime.now(tz=_dt.timezone.utc).year
+    return _from_text(Path(doc.path), doc.raw_text(), year)
+
+
+def _from_text(path: Path, text: str, mtime_year: int) -> ReadResult:
     parser = _LogParser(str(path), mtime_year)
-    for number, segment in _iter_lines(data.decode("utf-8", errors="replace")):
+    for number, segment in _iter_lines(text):
         parser.line(number, segment)
     if not parser.recognised:
         raise ReaderError(path, "no SGLang/vLLM log lines (no rank tags such as '[... TP3]' or "

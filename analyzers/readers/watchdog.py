@@ -54,9 +54,10 @@ from typing import Any
 
 from ranktrace.analyzers import schema
 from ranktrace.analyzers.opnames import canonical_op
+from ranktrace.analyzers.readers.text import TextDoc, canonical_prefix
 from ranktrace.analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped, has_nul_bytes
 
-__all__ = ["FORMAT", "COLUMN_MAP", "ColumnMap", "OBSERVATION_KINDS", "OPTYPE_NAMES", "sniff", "read"]
+__all__ = ["FORMAT", "COLUMN_MAP", "ColumnMap", "OBSERVATION_KINDS", "OPTYPE_NAMES", "sniff", "read", "read_doc"]
 
 FORMAT = "watchdog"
 
@@ -252,6 +253,22 @@ def read(path: Path) -> ReadResult:
         skipped.append(Skipped(file, bad_utf8, "bytes that are not UTF-8 (mixed encodings); decoded with "
                                                "replacement characters"))
     return _build(file, timeouts, statuses, skipped)
+
+
+def read_doc(doc: TextDoc) -> ReadResult:
+    """The watchdog lines of a text input opened by the shared opener; each line's launcher prefix (rank, Ray pid
+    and ip) is given back in the one spelling ``_context`` reads."""
+    timeouts: list[_Timeout] = []
+    statuses: list[_Status] = []
+    skipped: list[Skipped] = []
+    for ln in doc.lines:
+        text = ln.text
+        if "WorkNCCL(" not in text and "enqueued" not in text:
+            continue
+        _parse_line(canonical_prefix(ln.prefix, with_pid=True) + text, ln.no, timeouts, statuses, skipped, doc.path)
+    if not timeouts and not statuses:
+        raise ReaderError(doc.path, "no ProcessGroupNCCL watchdog timeout or PG status line found")
+    return _build(doc.path, timeouts, statuses, skipped)
 
 
 def _parse_line(text: str, ln: int, timeouts: list[_Timeout], statuses: list[_Status],

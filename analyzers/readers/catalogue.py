@@ -1,0 +1,105 @@
+"""The catalogue of evidence signatures: which lines of a text input belong to which family, wherever they occur.
+
+A text input is not one format. A Slurm log holds NCCL lines, watchdog timeouts, a Python traceback and a py-spy
+dump that someone pasted in; a ticket holds a cut excerpt of any of them. So every text input is walked line by
+line (after the shared opener peeled the launcher prefixes) against the signatures of every family, and each family
+whose signatures occur reads the input. A signature is a line pattern that only that family's lines have; all are
+anchored or literal-led, so the walk stays linear in the input.
+
+Each family module (``analyzers/readers/<family>.py`` or package) provides ``read_doc(doc) -> ReadResult``.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ranktrace.analyzers.readers.text import TextDoc
+
+__all__ = ["Family", "FAMILIES", "Scan", "scan"]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One kind of evidence: its reader module and the line signatures that mark its lines."""
+
+    name: str
+    module: str                     # importable module with read_doc(doc)
+    signatures: re.Pattern[str]     # matched with .match() on each line's message (prefixes removed)
+    needs: str = ""                 # a literal the whole text must hold before lines are tried (cheap filter)
+    min_lines: int = 1              # lines needed before the family is asked to read the input
+
+
+def _rx(*alternatives: str) -> re.Pattern[str]:
+    return re.compile("|".join(f"(?:{a})" for a in alternatives))
+
+
+_FRAME_PY = r"\s*(?:\S.{0,300}?) \((?:[^()\s][^()]{0,300}):\d{1,7}\)\s*$"   # py-spy frame line: func (file.py:12)
+
+FAMILIES: tuple[Family, ...] = (
+    Family("pyspy", "ranktrace.analyzers.readers.pyspy", _rx(
+        r"Process \d+: ", r"Python v\d", r"Thread (?:0x[0-9A-Fa-f]+|\d+) \((?:idle|active\+gil|active|gil)\)",
+        r".{0,80}Pyspy (?:dump for PID|failed)", r"All pyspy dump attempts failed",
+        r"Permission Denied: Try running again", r"Error: Failed to (?:get process executable|find python version)",
+        r" {4}\S.{0,300}? \([^()\s][^()]{0,300}\.py:\d{1,7}\)\s*$"), min_lines=2),
+    Family("faulthandler", "ranktrace.analyzers.readers.faulthandler", _rx(
+        r"(?:Current thread|Thread) 0x[0-9A-Fa-f]+ (?:\[[^\]]{0,80}\] )?\(most recent call first\):",
+        r"Stack \(most recent call first\):", r"Fatal Python error: ",
+        r'\s+File "[^"]{1,400}", line \d+ in \S')),
+    Family("gdb", "ranktrace.analyzers.readers.gdb", _rx(
+        r"Thread \d+ \((?:Thread 0x[0-9a-fA-F]+ )?\(?LWP \d+\)", r"#\d+\s+0x[0-9a-fA-F]+ in \S",
+        r"#\d+\s+\S+ \(.{0,300}\) at \S+:\d+", r"Attaching to (?:program|process) "), min_lines=2),
+    Family("watchdog", "ranktrace.analyzers.readers.watchdog", _rx(
+        r".{0,400}?WorkNCCL\(", r".{0,400}?[Ll]ast enqueued (?:\w+ )?work: -?\d"), needs="NCCL"),
+    Family("nccl_log", "ranktrace.analyzers.readers.nccl_log", _rx(
+        r".{0,200}? NCCL (?:INFO|WARN|TRACE|CALL) ", r"NCCL version \d+\.\d+"), needs="NCCL"),
+    Family("server_log", "ranktrace.analyzers.readers.server_log", _rx(
+        r".{0,120}?(?:Init torch distributed (?:begin|ends)|Load weight (?:begin|end)|"
+        r"Capture (?:[\w-]+ ){0,3}graph (?:begin|end)|fired up and ready to roll|server_args=ServerArgs\(|"
+        r"Registering \d+ cuda graph addresses|Initializing a V\d LLM engine|Initializing an LLM engine|"
+        r"vLLM API server|Graph capturing finished|KV Cache is allocated|Memory pool end|"
+        r"Starting to load model|Loading model weights took|Uvicorn running on|Application startup complete|"
+        r"No available shared memory broadcast block)")),
+    Family("nvidia_smi", "ranktrace.analyzers.readers.nvidia_smi", _rx(
+        r".{0,20}NVIDIA-SMI \S+\s+Driver Version", r"\s*GPU0\s+(?:GPU1|NIC0|mlx5_0|CPU Affinity)",
+        r"\s*X\s+= Self", r"\s*NV#\s+= Connection")),
+    Family("fr_text", "ranktrace.analyzers.readers.fr_text", _rx(
+        r".{0,200}?(?:Not all ranks joining collective|Collective sequence number: \d+ has errors|"
+        r"Collective \d+ (?:at entry \d+ )?errors|Input/output mismatch in the collective)",
+        r'\s*File "[^"]*(?:/torchfrtrace|flight_recorder/fr_trace\.py|flight_recorder/components/\w+\.py)", line')),
+    Family("nccl_ras", "ranktrace.analyzers.readers.nccl_ras", _rx(
+        r"Job summary\s*$", r"Communicators\.{0,3}", r"#\d+-\d+ \([0-9a-f]{8,16}\) (?:MISMATCH|INCOMPLETE|ERROR)",
+        r".{0,80}RAS Monitor Mode", r".{0,80}PEER_DEAD: Process \d+ on node")),
+)
+
+
+@dataclass
+class Scan:
+    """What the walk found in one input: the lines each family's signatures marked."""
+
+    lines: dict[str, list[int]]     # family -> line numbers
+    total: int                      # non-empty lines in the input
+
+    @property
+    def families(self) -> list[str]:
+        return [f.name for f in FAMILIES if len(self.lines.get(f.name, ())) >= f.min_lines]
+
+    @property
+    def used(self) -> int:
+        return len({n for ns in self.lines.values() for n in ns})
+
+
+def scan(doc: TextDoc, families: tuple[Family, ...] = FAMILIES) -> Scan:
+    """Walk `doc` once per family whose cheap filter passes; each line is tried with one anchored pattern."""
+    whole = None
+    found: dict[str, list[int]] = {}
+    for fam in families:
+        if fam.needs:
+            if whole is None:
+                whole = "\n".join(ln.text for ln in doc.lines)
+            if fam.needs not in whole:
+                continue
+        match = fam.signatures.match
+        hits = [ln.no for ln in doc.lines if match(ln.text)]
+        if hits:
+            found[fam.name] = hits
+    return Scan(found, len(doc.lines))

@@ -1,0 +1,223 @@
+"""The one way a text input is opened: bytes (plain or gzip) -> lines that every family's parser can read.
+
+Real artifacts are excerpts from terminals and tickets: NUL holes left by a node crash, mixed encodings, ANSI
+colours, lines wrapped at the terminal width, one base64 line of megabytes. Everything readable is kept; what had
+to be dropped or changed becomes a note (``Skipped``) naming the file and line, never an error.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import stat
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ranktrace.analyzers.readers.base import ReaderError, Skipped
+from ranktrace.analyzers.readers.rankinfer import rank_from_name
+from ranktrace.analyzers.readers.text.prefixes import SRUN_PREFIX, LinePrefix, split_prefixes, strip_ansi
+
+__all__ = ["Line", "TextDoc", "open_text", "text_of_bytes", "canonical_prefix", "MAX_TEXT_BYTES", "MAX_LINE_CHARS"]
+
+MAX_TEXT_BYTES = 256 << 20   # a text input larger than this is read up to here (notes say so)
+MAX_LINE_CHARS = 64 << 10    # a line is examined up to here: every pattern stays linear in what it reads
+_NO_PREFIX = LinePrefix()
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of a text input as the family parsers see it."""
+
+    no: int                # 1-based line number in the file (a joined wrapped line keeps its first line's)
+    text: str              # the message: ANSI codes and launcher prefixes removed
+    prefix: LinePrefix     # who wrote it, as far as the prefixes say
+    raw: str = ""          # the whole line, prefixes kept (ANSI codes removed), for parsers of their own prefixes
+
+    @property
+    def rank(self) -> int | None:
+        return self.prefix.rank
+
+
+@dataclass
+class TextDoc:
+    """A text input, opened once and shared by every family that finds its signatures in it."""
+
+    path: str
+    lines: list[Line]
+    name_rank: int | None = None                 # the rank the file name states (rank3.log, tp1, ...)
+    notes: list[Skipped] = field(default_factory=list)
+    srun: bool = False                           # lines carry srun -l task prefixes
+
+    def canonical_text(self, with_pid: bool = False) -> str:
+        """The lines with one prefix spelling every parser knows (``[rankN]:``, ``[defaultN]:``; with `with_pid`
+        also ``(tag pid=N, ip=H)``) in front of the message; same line count as the file, so line numbers stay
+        true."""
+        out: list[str] = []
+        last = 0
+        for ln in self.lines:
+            if ln.no > last + 1:
+                out.extend("" for _ in range(ln.no - last - 1))
+            out.append(canonical_prefix(ln.prefix, with_pid) + ln.text)
+            last = ln.no
+        return "\n".join(out) + "\n"
+
+    def raw_text(self) -> str:
+        """The lines as written (ANSI codes removed, wrapped lines joined), same line count as the file."""
+        out: list[str] = []
+        last = 0
+        for ln in self.lines:
+            if ln.no > last + 1:
+                out.extend("" for _ in range(ln.no - last - 1))
+            out.append(ln.raw)
+            last = ln.no
+        return "\n".join(out) + "\n"
+
+    def ranks(self) -> set[int]:
+        return {ln.prefix.rank for ln in self.lines if ln.prefix.rank is not None}
+
+
+def canonical_prefix(p: LinePrefix, with_pid: bool = False) -> str:
+    """``[rankN]:`` / ``[defaultN]:`` (and ``(tag pid=N, ip=H) `` with `with_pid`) for a line's prefix facts."""
+    if p is _NO_PREFIX:
+        return ""
+    s = ""
+    if p.rank is not None:
+        s += f"[rank{p.rank}]:"
+    elif p.local_rank is not None:
+        s += f"[default{p.local_rank}]:"
+    if with_pid and p.pid is not None:
+        s += f"({p.tag or 'worker'} pid={p.pid}" + (f", ip={p.host}" if p.host else "") + ") "
+    return s
+
+
+def open_text(path: str | Path) -> TextDoc:
+    """Open `path` as text. ReaderError only when it cannot be read at all (missing, a FIFO, a directory)."""
+    path = Path(path)
+    data, notes = _read_bytes(path)
+    return text_of_bytes(str(path), data, notes)
+
+
+def text_of_bytes(name: str, data: bytes, notes: list[Skipped] | None = None) -> TextDoc:
+    """A TextDoc of bytes already read (`name` is what notes and evidence call the input)."""
+    notes = list(notes or [])
+    nuls = data.count(b"\x00")
+    if nuls:
+        first = data[:data.index(b"\x00")].count(b"\n") + 1
+        notes.append(Skipped(name, first, f"{nuls} NUL byte(s) dropped (a hole left by a crash or a copy)"))
+        data = data.replace(b"\x00", b"")
+    text = data.decode("utf-8", errors="replace")
+    if "\ufffd" in text and b"\xef\xbf\xbd" not in data:
+        bad = text[:text.index("\ufffd")].count("\n") + 1
+        notes.append(Skipped(name, bad, "bytes that are not UTF-8 (mixed encodings) read as replacement characters"))
+    raw_lines = text.split("\n")
+    if raw_lines and raw_lines[-1] == "":
+        raw_lines.pop()
+    cut = 0
+    lines: list[str] = []
+    for i, raw in enumerate(raw_lines):
+        if len(raw) > MAX_LINE_CHARS:
+            cut += 1
+            if cut == 1:
+                notes.append(Skipped(name, i + 1, f"line of {len(raw):,} characters examined up to "
+                                                  f"{MAX_LINE_CHARS:,} (and any other such line)"))
+            raw = raw[:MAX_LINE_CHARS]
+        if "\r" in raw:  # progress bars rewrite a line with \r: what a terminal shows is the last segment
+            raw = raw.rstrip("\r")
+            if "\r" in raw:
+                raw = raw[raw.rindex("\r") + 1:] or raw
+        lines.append(strip_ansi(raw))
+    srun = _srun_prefixed(lines)
+    joined = _unwrap(lines)
+    out: list[Line] = []
+    for i, s in enumerate(joined):
+        if s is None or not s.strip():
+            continue
+        prefix, rest = split_prefixes(s, srun=srun)
+        out.append(Line(i + 1, rest, prefix if prefix != _NO_PREFIX else _NO_PREFIX, s))
+    return TextDoc(name, out, rank_from_name(os.path.basename(name)), notes, srun)
+
+
+def _read_bytes(path: Path) -> tuple[bytes, list[Skipped]]:
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise ReaderError(path, f"cannot open: {e.strerror or e}") from e
+    if stat.S_ISDIR(st.st_mode):
+        raise ReaderError(path, "a directory, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise ReaderError(path, "not a regular file (a FIFO, socket or device): not read, it could block forever")
+    notes: list[Skipped] = []
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+            f.seek(0)
+            if head == b"\x1f\x8b":
+                return _gunzip(path, f, notes), notes
+            data = f.read(MAX_TEXT_BYTES + 1)
+    except OSError as e:
+        raise ReaderError(path, f"cannot read: {e.strerror or e}") from e
+    if len(data) > MAX_TEXT_BYTES:
+        data = data[:MAX_TEXT_BYTES]
+        notes.append(Skipped(str(path), None, f"only the first {MAX_TEXT_BYTES >> 20} MiB were read"))
+    return data, notes
+
+
+def _gunzip(path: Path, f, notes: list[Skipped]) -> bytes:
+    """Gzip text up to MAX_TEXT_BYTES of output; a truncated stream keeps everything before the cut."""
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    out = bytearray()
+    while len(out) <= MAX_TEXT_BYTES:
+        chunk = f.read(1 << 20)
+        if not chunk:
+            if not d.eof:
+                notes.append(Skipped(str(path), None, "gzip stream cut short: everything before the cut is used"))
+            break
+        try:
+            out += d.decompress(chunk, MAX_TEXT_BYTES + 1 - len(out))
+            while d.unconsumed_tail and len(out) <= MAX_TEXT_BYTES:
+                out += d.decompress(d.unconsumed_tail, MAX_TEXT_BYTES + 1 - len(out))
+        except zlib.error as e:
+            notes.append(Skipped(str(path), None, f"gzip data damaged ({e}): everything before it is used"))
+            break
+        if d.eof:
+            break
+    if len(out) > MAX_TEXT_BYTES:
+        notes.append(Skipped(str(path), None, f"only the first {MAX_TEXT_BYTES >> 20} MiB of the decompressed "
+                                              "text were read"))
+        del out[MAX_TEXT_BYTES:]
+    return bytes(out)
+
+
+def _srun_prefixed(lines: list[str]) -> bool:
+    """Most lines start with ``N: `` (srun -l, pdsh): those are task prefixes, not message text."""
+    body = [s for s in lines if s.strip()]
+    if len(body) < 3:
+        return False
+    hits = sum(1 for s in body if SRUN_PREFIX.match(s))
+    return hits >= 0.6 * len(body)
+
+
+def _unwrap(lines: list[str]) -> list[str | None]:
+    """Join lines a terminal wrapped at a fixed width: when most long lines have exactly one width W, a line of
+    width W that does not end in a space continues on the next line. The continuation's slot becomes None so line
+    numbers stay those of the file."""
+    lengths = Counter(len(s) for s in lines if len(s) >= 60)
+    if not lengths:
+        return list(lines)
+    width, n = lengths.most_common(1)[0]
+    long_lines = sum(lengths.values())
+    if n < 3 or n < 0.5 * long_lines or any(len(s) > width for s in lines):
+        return list(lines)
+    out: list[str | None] = list(lines)
+    i = 0
+    while i < len(out):
+        s = out[i]
+        j = i
+        while s is not None and len(lines[j]) == width and not lines[j].endswith(" ") and j + 1 < len(lines):
+            j += 1
+            s = s + lines[j]
+            out[j] = None
+        out[i] = s
+        i = j + 1
+    return out

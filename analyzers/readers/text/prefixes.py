@@ -1,0 +1,125 @@
+"""Who wrote a log line: the launcher / logger prefixes in front of it, peeled off into one ``LinePrefix``.
+
+Real files are pasted from terminals, Slurm outputs, Ray dashboards and tickets; every layer adds its own prefix
+(``> `` quote, ``[80746]`` line numbers, ``3: `` srun -l, ``[rank3]:`` torchrun, ``[1,3]<stdout>:`` mpirun,
+``(VllmWorker rank=2 pid=51)`` vLLM, ``(RayWorkerWrapper pid=4009, ip=10.0.0.1)`` Ray, ``host [stderr] ``,
+``service_1  | `` docker compose, ``E   `` pytest). Each family's parser then reads the same message text, and the
+rank comes from the innermost prefix that names one. All patterns are anchored and bounded: linear in the line.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["LinePrefix", "split_prefixes", "strip_ansi", "SRUN_PREFIX"]
+
+# ESC-less leftovers of colour codes are common in pastes ("[36m(RayWorkerWrapper pid=1)"): only when followed by
+# text, and only the SGR form (digits and ';' ending in m), so "[12m]" in a message is not eaten.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]{0,200}\x07|(?<![\w\]])\[[0-9;]{1,8}m(?=[\S ])")
+
+_QUOTE = re.compile(r"(?:>[ \t]?)+")
+_LINE_NO = re.compile(r"\[\d{1,9}\] ")
+_PYTEST = re.compile(r"E {2,}(?=\S)")
+_TORCHRUN = re.compile(r"\[rank(\d{1,6})\]:[ \t]?")
+_TORCHRUN_LOCAL = re.compile(r"\[([A-Za-z_]{1,32}?)(\d{1,6})\]:[ \t]?")
+_OPENMPI = re.compile(r"\[\d{1,9},(\d{1,6})\]<std(?:out|err)>:[ \t]?")
+#: srun -l / pdsh-like ``3: `` — taken as a prefix only when most lines of a file carry it (TextDoc decides)
+SRUN_PREFIX = re.compile(r"[ \t]{0,4}(\d{1,6}): ")
+_WORKER = re.compile(  # (VllmWorker rank=2 pid=51) (RayWorkerWrapper pid=4009, ip=10.0.0.1) (VllmWorker TP1 pid=9)
+    r"\((?P<tag>[A-Za-z_][\w.-]{0,60}?)(?: (?:rank=(?P<rank>\d{1,6})|TP(?P<tp>\d{1,4})|[A-Za-z_]+=?\d{1,6}))*"
+    r" pid=(?P<pid>\d{1,9})(?:, ip=(?P<ip>[0-9A-Fa-f.:]{3,45}))?\)[ \t]?")
+_HOST_STREAM = re.compile(r"(?P<host>[\w.-]{1,128}) \[std(?:out|err)\]:? ")
+_COMPOSE = re.compile(r"(?P<svc>[\w.-]{1,64}?)(?:[-_]\d{1,4})? {1,16}\| ")
+_VLLM_PROC = re.compile(r"\((?P<tag>[A-Za-z_][\w.-]{0,60}?) pid=(?P<pid>\d{1,9})\)[ \t]?")
+
+
+@dataclass(frozen=True)
+class LinePrefix:
+    """What the prefixes of one line said about its writer (None: not stated)."""
+
+    rank: int | None = None          # global rank ([rank3]:, mpirun rank, vLLM rank=, srun -l task when trusted)
+    local_rank: int | None = None    # [default3]: (torchrun's older role+local rank)
+    pid: int | None = None
+    host: str | None = None
+    tag: str | None = None           # the worker / launcher name (VllmWorker, RayWorkerWrapper, service name)
+    tp_rank: int | None = None       # (VllmWorker TP1 pid=..): a rank inside the TP group
+
+
+def strip_ansi(line: str) -> str:
+    return _ANSI.sub("", line) if ("\x1b" in line or "m" in line) else line
+
+
+def split_prefixes(line: str, srun: bool = False) -> tuple[LinePrefix, str]:
+    """Peel every known prefix off `line` (ANSI codes already removed). Returns (prefix facts, message).
+
+    ``srun`` says the file's lines carry ``N: `` task prefixes (decided once per file, since ``1: `` may also
+    start a message). The innermost rank prefix wins: ``0: [rank3]:`` is rank 3 (task 0 runs torchrun).
+
+    >>> split_prefixes("> [rank3]:[E ProcessGroupNCCL.cpp:1] x")[0].rank
+    3
+    >>> p, rest = split_prefixes("(VllmWorker rank=2 pid=51) INFO hi"); (p.rank, p.pid, rest)
+    (2, 51, 'INFO hi')
+    >>> split_prefixes("0: [rank5]:[W305 socket.cpp:462] x", srun=True)[0].rank
+    5
+    """
+    rank = local = pid = tp = srun_rank = None
+    host = tag = None
+    rest = line
+    for _ in range(8):  # a handful of stacked layers at most; each pass must consume something
+        before = rest
+        m = _QUOTE.match(rest)
+        if m and m.end():
+            rest = rest[m.end():]
+        m = _LINE_NO.match(rest)
+        if m:
+            rest = rest[m.end():]
+        m = _PYTEST.match(rest)
+        if m:
+            rest = rest[m.end():]
+        if srun:
+            m = SRUN_PREFIX.match(rest)
+            if m:
+                srun_rank = int(m.group(1)) if srun_rank is None else srun_rank
+                rest = rest[m.end():]
+        m = _TORCHRUN.match(rest)
+        if m:
+            rank = int(m.group(1))
+            rest = rest[m.end():]
+            continue
+        m = _OPENMPI.match(rest)
+        if m:
+            rank = int(m.group(1))
+            rest = rest[m.end():]
+            continue
+        m = _TORCHRUN_LOCAL.match(rest)
+        if m and m.group(1).lower() not in ("rank", "e", "w", "i", "f", "tp", "dp", "pp", "ep"):
+            local = int(m.group(2))
+            rest = rest[m.end():]
+            continue
+        if rest[:1] == "(":
+            m = _WORKER.match(rest)
+            if m:
+                tag = m.group("tag")
+                pid = int(m.group("pid"))
+                host = m.group("ip") or host
+                if m.group("rank"):
+                    rank = int(m.group("rank"))
+                if m.group("tp"):
+                    tp = int(m.group("tp"))
+                rest = rest[m.end():]
+                continue
+        m = _HOST_STREAM.match(rest)
+        if m:
+            host = m.group("host")
+            rest = rest[m.end():]
+            continue
+        m = _COMPOSE.match(rest)
+        if m and not rest[:m.end()].strip().isdigit():
+            tag = tag or m.group("svc")
+            rest = rest[m.end():]
+            continue
+        if rest == before:
+            break
+    if rank is None and local is None:
+        rank = srun_rank  # `0: [default3]:`: the task runs a launcher (a node), its index is no rank
+    return LinePrefix(rank, local, pid, host, tag, tp), rest
