@@ -14,11 +14,18 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["RankStack", "latest_stacks", "classify", "is_poller", "application_frame", "without_tracer", "HOST_STATES"]
+__all__ = ["RankStack", "latest_stacks", "unranked_stacks", "classify", "is_poller", "application_frame", "without_tracer", "HOST_STATES"]
 
-HOST_STATES = ("host_sync_wait", "in_collective", "blocked_other", "idle_loop", "running", "exited", "unknown")
+HOST_STATES = ("in_init", "host_sync_wait", "in_collective", "blocked_other", "idle_loop", "running", "exited",
+               "unknown")
 
 _RULES: list[tuple[str, re.Pattern[str]]] = [
+    ("in_init", re.compile(
+        r"\b(ncclCommInitRank\w*|ncclCommInitAll|ncclCommSplit|bootstrap(?:Init|Net\w*|Root|AllGather)|"
+        r"init_process_group|_store_based_barrier|rendezvous|_create_c10d_store|_new_process_group_helper|"
+        r"broadcastUniqueNCCLID|getNCCLComm|initNCCLComm|init_distributed_environment|initialize_model_parallel|"
+        r"ensure_model_parallel_initialized|PyNcclCommunicator\.__init__|CustomAllreduce\.__init__|"
+        r"TCPStore\.__init__|c10d::TCPStore::TCPStore|_init_dist_connection)\b")),
     ("host_sync_wait", re.compile(
         r"\b(synchronize|tolist|item|_local_scalar_dense|cu(da)?StreamSynchronize|cudaDeviceSynchronize|"
         r"cu(da)?EventSynchronize|THPVariable_tolist|THPVariable_item)\b")),
@@ -121,3 +128,28 @@ def latest_stacks(stacks: pa.Table, prefer: dict[int, int] | None = None) -> dic
         if rank not in best or score > best[rank][0]:
             best[rank] = (score, cand)
     return {rank: c for rank, (_s, c) in best.items()}
+
+
+def unranked_stacks(stacks: pa.Table) -> list[RankStack]:
+    """The most telling thread of each process dumped without any rank (a single py-spy or gdb paste): its state
+    still says whether the process waits in a collective, in init, or elsewhere. Rank -1 marks them."""
+    st = stacks.filter(pc.is_null(stacks["rank"])) if stacks.num_rows else stacks
+    if st.num_rows == 0:
+        return []
+    best: dict[tuple, tuple[float, RankStack]] = {}
+    for r in st.select(["pid", "thread_name", "thread_state", "frames", "native", "source", "file", "line",
+                        "snapshot"]).to_pylist():
+        if not r["frames"]:
+            continue
+        name = r["thread_name"] or ""
+        frames = tuple(r["frames"])
+        score = 3 if name == "MainThread" else (0 if _POLLERS.search(name) else 1)
+        state = classify(frames, r["thread_state"])
+        score += {"in_init": 2, "in_collective": 2, "host_sync_wait": 2}.get(state, 0)
+        if r["native"]:
+            score -= 0.5
+        key = (r["file"], r["snapshot"], r["pid"])
+        cand = RankStack(-1, r["pid"], r["thread_name"], r["thread_state"], frames, r["source"], r["file"], r["line"])
+        if key not in best or score > best[key][0]:
+            best[key] = (score, cand)
+    return [c for _s, c in best.values()]

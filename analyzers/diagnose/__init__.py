@@ -17,7 +17,10 @@ from ranktrace.analyzers.diagnose.candidate import Candidate, op_evidence, ranks
 from ranktrace.analyzers.diagnose.context import Context, build_context
 from ranktrace.analyzers.diagnose.graph_rule import graph_capture
 from ranktrace.analyzers.diagnose.init_rule import init_hang, nccl_init_hang
-from ranktrace.analyzers.diagnose.stacks_rule import stacks_only
+from ranktrace.analyzers.diagnose.failure_rule import init_failure, rank_exit
+from ranktrace.analyzers.diagnose.stacks_rule import anonymous_stacks, stacks_only
+from ranktrace.analyzers.diagnose.statement_rule import stated_mismatch, stated_missing
+from ranktrace.analyzers.diagnose.watchdog_rule import barrier_timeout, reported_timeouts
 from ranktrace.analyzers.diagnose.waiting_rule import mismatch, stuck, waiting
 from ranktrace.analyzers.sources import Inputs
 from ranktrace.analyzers.verdict import Evidence, Finding, RankState, Verdict
@@ -25,7 +28,8 @@ from ranktrace.analyzers.verdict import Evidence, Finding, RankState, Verdict
 __all__ = ["RULES", "diagnose", "build_context"]
 
 Rule = Callable[[Context], list[Candidate]]
-RULES: list[Rule] = [init_hang, nccl_init_hang, graph_capture, mismatch, waiting, stuck, stacks_only,
+RULES: list[Rule] = [init_hang, nccl_init_hang, graph_capture, mismatch, stated_mismatch, stated_missing, waiting,
+                     init_failure, rank_exit, barrier_timeout, stuck, reported_timeouts, stacks_only, anonymous_stacks,
                      blocked_outside]
 
 

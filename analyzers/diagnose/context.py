@@ -49,6 +49,7 @@ class Context:
     job: JobStatus
     rank_pids: dict[int, tuple[int, ...]] = field(default_factory=dict)
     unranked_pids: tuple[int, ...] = ()   # traced processes that imported torch.distributed but never got a rank
+    anon_stacks: list[hoststate.RankStack] = field(default_factory=list)  # processes dumped with no rank at all
 
     def open_by_rank(self) -> dict[int, timeline.OpenSpan]:
         """Innermost (latest) open span per rank, preferring the rank's main process."""
@@ -261,4 +262,5 @@ def build_context(inputs: Inputs) -> Context:
         group_ranks=group_ranks, world=world, observed_ranks=observed, open_spans=timeline.open_spans(events),
         stacks=stacks, host_states=host_states, phases=timeline.last_phase(events), job=job,
         rank_pids={r: tuple(sorted(p)) for r, p in rank_pids.items()}, unranked_pids=tuple(sorted(unranked)),
+        anon_stacks=hoststate.unranked_stacks(inputs.stacks) if not stacks else [],
     )

@@ -15,7 +15,7 @@ from ranktrace.analyzers.hoststate import TRACER_FRAME
 from ranktrace.analyzers.stacks import normalise_frame
 from ranktrace.analyzers.verdict import Finding, Operation, WaitEdge
 
-__all__ = ["stacks_only", "collective_in_stack"]
+__all__ = ["stacks_only", "collective_in_stack", "anonymous_stacks"]
 
 _C10D_FRAME = re.compile(
     r"^(?:\w+\.)?(all_reduce|all_gather\w*|reduce_scatter\w*|broadcast\w*|barrier|monitored_barrier|all_to_all\w*|"
@@ -53,7 +53,7 @@ def stacks_only(ctx: Context) -> list[Candidate]:
     universe = set(ctx.stacks) | (set(range(ctx.world)) if ctx.world else set())
     culprits = tuple(sorted(r for r in universe if r not in waiting and r in ctx.stacks))
     if not culprits:
-        return []
+        return _all_inside(ctx, top, waiting, inside)
     callers = Counter(c for r, (name, c) in inside.items() if name == top and c)
     site = callers.most_common(1)[0][0] if callers else None
     elsewhere = []
@@ -74,3 +74,75 @@ def stacks_only(ctx: Context) -> list[Candidate]:
                       wait_for=tuple(WaitEdge(r, culprits, top, None, None) for r in waiting),
                       findings=[Finding("missing_ranks", summary + " (from stacks only)", culprits, 0.6, ev)],
                       next_steps=steps)]
+
+
+def _all_inside(ctx: Context, top: str, ranks: tuple[int, ...], inside: dict) -> list[Candidate]:
+    """Every rank with a stack sits in the same collective and nothing shows another rank elsewhere: the op is
+    stuck (or waits for ranks nobody dumped). Partial evidence is still a finding: who, in what, called from where,
+    and which ranks to dump next."""
+    callers = Counter(c for r, (name, c) in inside.items() if name == top and c)
+    site = callers.most_common(1)[0][0] if callers else None
+    unobserved = sorted(set(range(ctx.world)) - set(ranks)) if ctx.world else []
+    summary = (f"{ranks_text(ranks)} {'are' if len(ranks) > 1 else 'is'} blocked inside {top}"
+               + (f" called from {site}" if site else "")
+               + (f"; no evidence from {ranks_text(unobserved)}" if unobserved else
+                  ("; no evidence from the other ranks" if not ctx.world or len(ranks) < ctx.world else "")))
+    ev = tuple(stack_evidence(ctx.stacks[r], ctx.host_states.get(r, "unknown")) for r in ranks if r in ctx.stacks)
+    steps = ["Dump the other ranks the same way (py-spy dump --pid <pid> on every rank, or `trace attach PID`): a rank "
+             f"that is not inside {top} is the one the others wait for; if all are inside it, the transport or a "
+             "GPU is stuck (NCCL_DEBUG=INFO, NCCL_P2P_DISABLE=1 to isolate P2P)."]
+    return [Candidate("stuck_in_collective", summary, culprits=(), waiting=ranks,
+                      operation=Operation(name=top, callsite=site),
+                      findings=[Finding("stuck_in_collective", summary + " (from stacks only)", ranks, 0.5, ev)],
+                      next_steps=steps)]
+
+
+def anonymous_stacks(ctx: Context) -> list[Candidate]:
+    """Stacks of processes whose rank nothing states (a single py-spy / gdb paste): the state of the dumped
+    process still says where the job is stuck, without naming ranks."""
+    if ctx.stacks or not ctx.anon_stacks or ctx.graph.edges or ctx.graph.stuck or ctx.graph.mismatches:
+        return []
+    from ranktrace.analyzers.hoststate import classify
+
+    states = [(s, classify(s.frames, s.thread_state)) for s in ctx.anon_stacks]
+    inside = [(s, c) for s, _st in states if (c := collective_in_stack(s.frames)) is not None]
+    n = len(states)
+    who = "the dumped process" if n == 1 else f"{n} dumped processes"
+    ev = tuple(stack_evidence(s, st) for s, st in states[:8])
+    if inside:
+        (top, _k), = Counter(c[0] for _s, c in inside).most_common(1)
+        site = next((c[1] for _s, c in inside if c[0] == top and c[1]), None)
+        others = [s for s, _st in states if collective_in_stack(s.frames) is None]
+        if others and len(inside) < n:
+            places = sorted({w for w in (where(s) for s in others) if w})
+            summary = (f"{len(inside)} of {n} dumped processes are inside {top}" + (f" (from {site})" if site else "")
+                       + f"; the others are elsewhere ({', '.join(places[:3]) or 'not in a collective'}): they are the "
+                       "ones the first wait for (no ranks are stated in the dumps)")
+            return [Candidate("missing_ranks", summary, operation=Operation(name=top, callsite=site),
+                              findings=[Finding("missing_ranks", summary, (), 0.5, ev)],
+                              next_steps=["Name the ranks of the dumped processes (RANK in /proc/<pid>/environ) to "
+                                          "know which rank is missing."])]
+        summary = f"{who} {'is' if len(inside) == 1 else 'are'} blocked inside {top}" + (
+            f" called from {site}" if site else "") + "; no rank is stated and no other rank was dumped"
+        return [Candidate("stuck_in_collective", summary, operation=Operation(name=top, callsite=site),
+                          findings=[Finding("stuck_in_collective", summary, (), 0.5, ev)],
+                          next_steps=["Dump every rank (py-spy dump --pid on each, or `trace attach PID`): a rank not "
+                                      f"inside {top} is the one the others wait for."])]
+    sync = [s for s, st in states if st == "host_sync_wait"]
+    if sync:
+        summary = (f"{who} {'waits' if n == 1 else 'wait'} for the GPU on the host ({where(sync[0]) or 'synchronize'}):"
+                   " on NCCL a collective issued before it never completed")
+        return [Candidate("stuck_in_collective", summary, findings=[Finding("stuck_in_collective", summary, (), 0.4, ev)],
+                          next_steps=["Check GPU utilisation (a spinning NCCL kernel reads 100%) and the NCCL log of "
+                                      "the last collective; try NCCL_P2P_DISABLE=1."])]
+    blocked = [s for s, st in states if st in ("blocked_other", "idle_loop")]
+    if blocked and len(blocked) == n:
+        places = sorted({w for w in (where(s) for s in blocked) if w})
+        summary = (f"{who} {'is' if n == 1 else 'are'} blocked outside collectives in "
+                   f"{', '.join(places[:3]) or 'a wait'}")
+        return [Candidate("blocked_outside_collective", summary,
+                          operation=Operation(name=places[0] if places else "wait"),
+                          findings=[Finding("blocked_outside_collective", summary, (), 0.5, ev)],
+                          next_steps=["The hang is in the application, not in communication: see what it waits for "
+                                      f"({', '.join(places[:3]) or 'the innermost frames'})."])]
+    return []

@@ -57,16 +57,19 @@ LINE_MAP: tuple[tuple[str, str, str, str, str], ...] = (
 )
 
 _START = (
-    # (regex, block kind)
-    (re.compile(r"^Not all ranks joining collective, sequence number: (?P<seq>\d+)"), "missing"),
-    (re.compile(r"^Not all ranks joining collective (?P<seq>\d+) at entry (?P<rec>\d+)"), "missing"),
+    # (regex, block kind); separators vary across releases and pastes (", sequence number: N", ": sequence
+    # number: N", " N at entry R")
     (re.compile(r"^Not all ranks joining collective for group (?P<group>\S+) collective (?P<op>\S+)"
                 r"(?:\s+Missing ranks are (?P<missing>\{[^}]*\}|set\(\)))?"), "missing"),
-    (re.compile(r"^Collective sequence number: (?P<seq>\d+) has errors"), "errors"),
+    (re.compile(r"^Not all ranks joining collective[,:]?\s{0,4}(?:(?:collective )?sequence number:?\s{0,4})?"
+                r"(?P<seq>\d+)(?: at entry (?P<rec>\d+))?"), "missing"),
     (re.compile(r"^Collective (?P<rec>\d+) errors for group (?P<group>\S+) collective (?P<op>\S+)"), "errors"),
-    (re.compile(r"^Input/output mismatch in the collective sequence number: (?P<seq>\d+)"), "size"),
+    (re.compile(r"^Collective (?:sequence number:?\s{0,4})?(?P<seq>\d+)(?: at entry (?P<rec>\d+))?:? (?:has )?"
+                r"errors"), "errors"),
     (re.compile(r"^Input/output mismatch in the collective (?P<rec>\d+)\s+for group (?P<group>\S+) "
                 r"collective (?P<op>\S+)"), "size"),
+    (re.compile(r"^Input/output mismatch in the collective[,:]?\s{0,4}(?:sequence number:?\s{0,4})?(?P<seq>\d+)"
+                r"(?: at entry (?P<rec>\d+))?"), "size"),
 )
 _KEY = re.compile(r"^(internal record id|group info|collective|missing ranks|expected ranks|world size|"
                   r"collective state|input sizes|output sizes|total input numel|total output numel|error msg|"
@@ -83,7 +86,7 @@ _NOISE = re.compile(
     r"Rank \d+ has an empty op list|Rank \d+ does not have a coalesced end|.*FutureWarning|\s+warnings\.warn)"
 )
 _SNIFF = re.compile(
-    rb"Not all ranks joining collective|Collective sequence number: \d+ has errors|Collective \d+ errors for group"
+    rb"Not all ranks joining collective|Collective sequence number: \d+ has errors|Collective \d+ (?:at entry \d+ )?errors"
     rb"|Input/output mismatch in the collective|File \"[^\"]*(?:/torchfrtrace|flight_recorder/fr_trace\.py"
     rb"|flight_recorder/components/\w+\.py)\", line"
 )

@@ -325,6 +325,13 @@ def _build(file: str, timeouts: list[_Timeout], statuses: list[_Status], skipped
         if not cands and seq is not None and t.ctx.grank is not None:
             cands = [s.ctx for s in statuses if s.ctx.pg is not None and s.ctx.grank == t.ctx.grank
                      and s.ctx.pgrank == t.ctx.pgrank and s.failed_seq == int(seq)]
+        if not cands:
+            # the file names one process group only: a timeout that does not state its PG is in that one
+            pgs = {(o.ctx.pg, o.ctx.pg_desc, o.ctx.pg_id) for o in [*timeouts, *statuses] if o.ctx.pg is not None}
+            if len(pgs) == 1:
+                pg, desc, pg_id = pgs.pop()
+                t.ctx.pg, t.ctx.pg_desc, t.ctx.pg_id = pg, desc, pg_id
+                continue
         if cands:
             src = cands[0]
             t.ctx.pg, t.ctx.pg_desc, t.ctx.pg_id = src.pg, src.pg_desc, src.pg_id

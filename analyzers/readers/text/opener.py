@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import stat
 import zlib
 from collections import Counter
@@ -48,6 +49,7 @@ class TextDoc:
     name_rank: int | None = None                 # the rank the file name states (rank3.log, tp1, ...)
     notes: list[Skipped] = field(default_factory=list)
     srun: bool = False                           # lines carry srun -l task prefixes
+    _phys: list[int] | None = field(default=None, repr=False)
 
     def canonical_text(self, with_pid: bool = False) -> str:
         """The lines with one prefix spelling every parser knows (``[rankN]:``, ``[defaultN]:``; with `with_pid`
@@ -61,6 +63,27 @@ class TextDoc:
             out.append(canonical_prefix(ln.prefix, with_pid) + ln.text)
             last = ln.no
         return "\n".join(out) + "\n"
+
+    @property
+    def glued(self) -> bool:
+        """Some physical line held two messages (a progress bar without a newline, then a prefixed log line):
+        the texts of canonical_text/raw_text then have one line per message and ``line_of`` maps them back."""
+        return any(a.no == b.no for a, b in zip(self.lines, self.lines[1:]))
+
+    def line_of(self, physical: int) -> int:
+        """The file line of line `physical` (1-based) of canonical_text / raw_text."""
+        if not self.glued:
+            return physical
+        if self._phys is None:
+            phys: list[int] = []
+            last = 0
+            for ln in self.lines:
+                if ln.no > last + 1:
+                    phys.extend(range(last + 1, ln.no))
+                phys.append(ln.no)
+                last = ln.no
+            self._phys = phys
+        return self._phys[physical - 1] if 0 < physical <= len(self._phys) else physical
 
     def raw_text(self) -> str:
         """The lines as written (ANSI codes removed, wrapped lines joined), same line count as the file."""
@@ -129,13 +152,53 @@ def text_of_bytes(name: str, data: bytes, notes: list[Skipped] | None = None) ->
         lines.append(strip_ansi(raw))
     srun = _srun_prefixed(lines)
     joined = _unwrap(lines)
-    out: list[Line] = []
+    split: list[tuple[int, LinePrefix, str, str]] = []
     for i, s in enumerate(joined):
         if s is None or not s.strip():
             continue
-        prefix, rest = split_prefixes(s, srun=srun)
-        out.append(Line(i + 1, rest, prefix if prefix != _NO_PREFIX else _NO_PREFIX, s))
+        for piece in _unglue(s):
+            prefix, rest = split_prefixes(piece, srun=srun)
+            split.append((i + 1, prefix, rest, piece))
+    out = [Line(no, rest, prefix if prefix != _NO_PREFIX else _NO_PREFIX, s)
+           for no, prefix, rest, s in _join_soft_wraps(split, lines)]
     return TextDoc(name, out, rank_from_name(os.path.basename(name)), notes, srun)
+
+
+def _join_soft_wraps(split: list[tuple[int, LinePrefix, str, str]],
+                     physical: list[str]) -> list[tuple[int, LinePrefix, str, str]]:
+    """In a file whose lines carry launcher prefixes, a bare line right after a long prefixed one is that line
+    wrapped by a terminal or a ticket (``...Process group watchdog thread terminated`` / ``with exception: [Rank 6]
+    Watchdog caught ...``): it is joined to it, so a message is read whole. A bare line that starts like a record of
+    its own (a stack frame, a traceback line, a bracketed tag) is never joined."""
+    if len(split) < 2:
+        return split
+    prefixed = sum(1 for _no, p, _r, _s in split if p != _NO_PREFIX)
+    if prefixed < 0.4 * len(split):
+        return split
+    out: list[tuple[int, LinePrefix, str, str]] = []
+    for no, prefix, rest, s in split:
+        if out and prefix == _NO_PREFIX and not _OWN_RECORD.match(rest):
+            pno, pprefix, prest, ps = out[-1]
+            last_physical = physical[no - 2] if no >= 2 else ""
+            if pprefix != _NO_PREFIX and len(last_physical) >= 100:
+                out[-1] = (pno, pprefix, prest + (" " if not prest.endswith(" ") else "") + rest.lstrip(), ps + s)
+                continue
+        out.append((no, prefix, rest, s))
+    return out
+
+
+_OWN_RECORD = re.compile(r"\s*(?:File \"|frame #\d|#\d+ |Thread |Traceback|\[|\(|[A-Z][\w.]*(?:Error|Exception):)")
+
+
+_GLUED = re.compile(r"(?<=\S)(?=\[(?:rank|default)\d{1,6}\]:)")
+
+
+def _unglue(s: str) -> list[str]:
+    """Split a line where a torchrun prefix starts mid-line: a tqdm bar (no newline) glued to the next log line."""
+    if "]:" not in s or ("[rank" not in s[1:] and "[default" not in s[1:]):
+        return [s]
+    parts = [p for p in _GLUED.split(s) if p]
+    return parts if len(parts) > 1 else [s]
 
 
 def _read_bytes(path: Path) -> tuple[bytes, list[Skipped]]:

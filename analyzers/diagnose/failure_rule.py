@@ -1,0 +1,137 @@
+"""Verdicts from how ranks failed: set-up that never finished (store, rendezvous, NCCL unique id, communicator
+init) and ranks that died (an exit code, a signal, a segfault, an OOM kill) while the others waited.
+
+These statements come from launchers and torch's own errors (torchelastic's failure table, DistStoreError,
+"failed to connect", gdb stacks parked in ncclCommInitRank); the wait-for graph cannot see them because the rank
+they are about issued nothing more.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ranktrace.analyzers.diagnose.candidate import Candidate, ranks_text, stack_evidence, where
+from ranktrace.analyzers.diagnose.context import Context
+from ranktrace.analyzers.verdict import Evidence, Finding, Operation
+
+__all__ = ["init_failure", "rank_exit", "CONSEQUENTIAL_SIGNALS"]
+
+#: signals a launcher sends to the *other* ranks once one failed: consequences, never the cause
+CONSEQUENTIAL_SIGNALS = {15, 2, 1}   # SIGTERM, SIGINT, SIGHUP
+_STAGE_TEXT = {
+    "store": "the TCP store (MASTER_ADDR:MASTER_PORT) did not answer or not every rank joined it",
+    "store_barrier": "not every rank reached the store-based barrier of init_process_group",
+    "rendezvous": "the rendezvous did not complete (not every node joined in time)",
+    "nccl_unique_id": "the NCCL unique id was never published through the store by the root rank",
+    "nccl_init": "NCCL communicator init (bootstrap / transport set-up) did not finish",
+    "connect": "a rank could not connect to its peers or to the store",
+}
+
+
+def _evidence(rows: list[dict[str, Any]], what: str, limit: int = 8) -> list[Evidence]:
+    return [Evidence(r["source"] or "log", r["file"], r["line"], f"{what}: {(r['detail'] or r['name'] or '')[:200]}",
+                     r["rank"]) for r in rows[:limit]]
+
+
+def _progressed(ctx: Context) -> bool:
+    """The job got past set-up: some collective beyond the first couple was issued (or completed)."""
+    ev = ctx.events
+    if ev.num_rows == 0:
+        return False
+    coll = ev.filter(pc.is_in(ev["category"], value_set=pa.array(["collective", "p2p"])))
+    if coll.num_rows == 0:
+        return False
+    seqs = [s for col in ("seq", "backend_seq") for s in coll[col].to_pylist() if s is not None]
+    return bool(seqs) and max(seqs) >= 3
+
+
+def init_failure(ctx: Context) -> list[Candidate]:
+    rows = ctx.observations("init_failure")
+    stacks_in_init = {r: s for r, s in ctx.stacks.items() if ctx.host_states.get(r) == "in_init"}
+    anon_in_init = [s for s in ctx.anon_stacks if _state(s) == "in_init"]
+    if not rows and not stacks_in_init and not anon_in_init:
+        return []
+    if _progressed(ctx):
+        return []
+    if not rows and stacks_in_init and len(stacks_in_init) < len(ctx.stacks):
+        return []  # some ranks are in init, others elsewhere: the stacks rules say who never arrived
+    stages = Counter(r["name"] for r in rows if r["name"])
+    stage = stages.most_common(1)[0][0] if stages else "nccl_init"
+    ranks = sorted({r["rank"] for r in rows if r["rank"] is not None} | set(stacks_in_init))
+    op = _init_op(ctx)
+    first = next((r for r in rows if r["detail"]), None)
+    what = _STAGE_TEXT.get(stage, stage)
+    if ranks:
+        summary = f"{ranks_text(ranks)} never got past process-group set-up: {what}"
+    else:
+        summary = f"the job never got past process-group set-up: {what}"
+    if op and op != "init_process_group":
+        summary += f" (while creating the communicator for its first {op})"
+    if first:
+        summary += f" — {first['detail'][:160]}"
+    ev = _evidence(rows, stage)
+    ev += [stack_evidence(s, "in_init") for s in list(stacks_in_init.values())[:4] + anon_in_init[:4]]
+    if not rows and anon_in_init:
+        w = where(anon_in_init[0])
+        summary = f"the dumped process is inside communicator / process-group set-up" + (f" ({w})" if w else "")
+    steps = ["Check that every rank was started and reaches init with the same MASTER_ADDR/MASTER_PORT, WORLD_SIZE "
+             "and a reachable network interface (NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME); the first rank that "
+             "never logs its init is the one to look at.",
+             "Rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,BOOTSTRAP,NET: the last bootstrap line of each rank "
+             "names the step it never finished."]
+    return [Candidate("init_hang", summary, culprits=(), waiting=tuple(ranks),
+                      operation=Operation(name=op or "init_process_group", phase="init"),
+                      findings=[Finding("init_hang", summary, tuple(ranks), 0.7 if rows else 0.5, tuple(ev))],
+                      next_steps=steps)]
+
+
+def _state(stack: Any) -> str:
+    from ranktrace.analyzers.hoststate import classify
+
+    return classify(stack.frames, stack.thread_state)
+
+
+def _init_op(ctx: Context) -> str | None:
+    """The collective during whose lazy communicator creation set-up failed (a first barrier, say), if shown."""
+    ev = ctx.events
+    if ev.num_rows == 0:
+        return None
+    entered = ev.filter(pc.and_(pc.equal(ev["kind"], "enter"), pc.equal(ev["category"], "collective")))
+    names = Counter(n for n in entered["name"].to_pylist() if n)
+    return names.most_common(1)[0][0] if names else None
+
+
+_ROOT = re.compile(r"root cause|first observed failure", re.IGNORECASE)
+
+
+def rank_exit(ctx: Context) -> list[Candidate]:
+    """A rank died first (its exit is stated); the others were then waiting for it or were torn down."""
+    rows = [r for r in ctx.observations("rank_exit")]
+    causes = [r for r in rows if not (r["name"] == "signal" and r["value"] in CONSEQUENTIAL_SIGNALS)
+              and not (r["name"] == "exit" and r["value"] == 0)]
+    if not causes:
+        return []
+    root = [r for r in causes if _ROOT.search(r["detail"] or "")] or causes
+    culprits = tuple(sorted({r["rank"] for r in root if r["rank"] is not None}))
+    pending = ctx.ops.filter(ctx.ops["issued"]) if ctx.ops.num_rows else ctx.ops
+    waiting_ops = [r for r in pending.to_pylist() if not r.get("completed") and r["rank"] not in culprits] \
+        if pending.num_rows else []
+    waiting = tuple(sorted({r["rank"] for r in waiting_ops if r["rank"] is not None}))
+    op_name = Counter(r["name"] for r in waiting_ops if r["name"]).most_common(1)
+    how = root[0]
+    cause = {"signal": f"was killed by signal {how['value']}", "segfault": "crashed (segmentation fault)",
+             "oom": "was killed for running out of memory", "exception": "raised an exception",
+             "exit": f"exited with status {how['value']}"}.get(how["name"] or "", "exited")
+    who = ranks_text(culprits) if culprits else "a rank"
+    summary = f"{who} {cause}" + (f" while {ranks_text(waiting)} waited in {op_name[0][0]}" if waiting and op_name
+                                   else "") + "; the rest of the job was torn down after it"
+    steps = [f"Read {who}'s own output just before it ended (its traceback, an OOM-killer line in dmesg, a CUDA error): "
+             "that is the failure; the other ranks' errors are consequences."]
+    return [Candidate("rank_exited", summary, culprits=culprits, waiting=waiting,
+                      operation=Operation(name=op_name[0][0]) if op_name else None,
+                      findings=[Finding("rank_exited", summary, culprits, 0.8, tuple(_evidence(root, "exited")))],
+                      next_steps=steps)]

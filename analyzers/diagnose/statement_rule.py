@@ -1,0 +1,148 @@
+"""Verdicts the inputs state outright: ranks named as missing from an op, and ranks whose fingerprints disagree.
+
+Horovod's stall inspector ("Missing ranks: 3: [...]"), ``monitored_barrier`` ("Rank 2 failed to pass
+monitoredBarrier"), torch's Flight Recorder analyzer ("missing ranks: {3, 4}"), desync reports and
+TORCH_DISTRIBUTED_DEBUG=DETAIL ("Rank 0 is running collective: CollectiveFingerPrint(...), but Rank 1 is running
+collective: ...") have already done the matching; their statement is taken at high confidence, with its op and
+ranks, and cited.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+from ranktrace.analyzers.diagnose.candidate import Candidate, ranks_text
+from ranktrace.analyzers.diagnose.context import Context
+from ranktrace.analyzers.verdict import Evidence, Finding, Operation, WaitEdge
+
+__all__ = ["stated_missing", "stated_mismatch", "MISSING_KINDS"]
+
+MISSING_KINDS = ("missing_rank", "fr_missing_ranks")
+_EXPECTED = re.compile(r"expected_ranks=\[([\d, ]*)\]")
+_BY = re.compile(r"\bby=(\S+)")
+
+
+def _evidence(rows: list[dict[str, Any]], what: str) -> tuple[Evidence, ...]:
+    seen: set[tuple[Any, Any]] = set()
+    out = []
+    for r in rows:
+        k = (r["file"], r["line"])
+        if k in seen:
+            continue
+        seen.add(k)
+        out.append(Evidence(r["source"] or "log", r["file"], r["line"], f"{what}: {(r['detail'] or '')[:200]}",
+                            r["rank"]))
+    return tuple(out[:12])
+
+
+def stated_missing(ctx: Context) -> list[Candidate]:
+    rows = [r for k in MISSING_KINDS for r in ctx.observations(k) if r["rank"] is not None]
+    if not rows:
+        return []
+    by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        by_key.setdefault((r["name"], r["group"], r["value"]), []).append(r)
+    # the statement about the earliest op (a later one may only follow from it), then the one naming most ranks
+    key = min(by_key, key=lambda k: (k[2] if k[2] is not None else 1 << 62, -len(by_key[k])))
+    stated = by_key[key]
+    op, group, seq = key
+    missing = tuple(sorted({r["rank"] for r in stated}))
+    joined = {r["rank"] for r in ctx.observations("joined_rank")
+              if r["rank"] is not None and (r["name"] in (op, None)) and r["rank"] not in missing}
+    expected: set[int] = set()
+    for r in stated:
+        m = _EXPECTED.search(r["detail"] or "")
+        if m and m.group(1).strip():
+            expected.update(int(x) for x in m.group(1).split(","))
+    waiting = tuple(sorted(joined or (expected - set(missing)) or
+                           (set(range(ctx.world)) - set(missing) if ctx.world else set())))
+    by = sorted({m.group(1) for r in stated if (m := _BY.search(r["detail"] or ""))} | {r["source"] for r in stated
+                                                                                        if r["source"]})
+    name = op or "a collective"
+    summary = (f"{ranks_text(missing)} never joined {name}" + (f" (group {group}, seq {seq})" if seq is not None else
+                                                                   (f" (group {group})" if group else ""))
+               + (f"; {ranks_text(waiting)} wait in it" if waiting else "")
+               + f" — stated by {', '.join(by)}")
+    exited = {r["rank"] for r in ctx.observations("rank_exit") if r["rank"] in missing}
+    kind = "rank_exited" if exited and exited >= set(missing) else "missing_ranks"
+    steps = [f"See what {ranks_text(missing)} was doing instead of {name}: its own log lines, a stack dump "
+             f"(py-spy dump --pid <pid>) or its exit status."]
+    return [Candidate(kind, summary, culprits=missing, waiting=waiting,
+                      operation=Operation(name=op, group=group, seq=seq) if op else None,
+                      wait_for=tuple(WaitEdge(w, missing, op or "?", group, seq) for w in waiting),
+                      findings=[Finding("missing_ranks", summary, missing, 0.9, _evidence(stated, "stated missing"))],
+                      next_steps=steps)]
+
+
+def stated_mismatch(ctx: Context) -> list[Candidate]:
+    fps = [r for r in ctx.observations("fingerprint") if r["rank"] is not None]
+    culprit_rows = [r for r in ctx.observations("fr_culprit") if r["rank"] is not None]
+    fr_mismatch = ctx.observations("fr_mismatch")
+    if fps:
+        return _from_fingerprints(ctx, fps)
+    if culprit_rows or fr_mismatch:
+        rows = culprit_rows or fr_mismatch
+        culprits = tuple(sorted({r["rank"] for r in culprit_rows}))
+        op = next((r["name"] for r in rows if r["name"]), None)
+        seq = next((r["value"] for r in rows if r["value"] is not None), None)
+        group = next((r["group"] for r in rows if r["group"]), None)
+        summary = (f"the Flight Recorder analyzer found a mismatch at {op or 'a collective'}"
+                   + (f" (group {group}, seq {seq})" if seq is not None else "")
+                   + (f": culprit {ranks_text(culprits)}" if culprits else ""))
+        return [Candidate("collective_mismatch", summary, culprits=culprits,
+                          operation=Operation(name=op, group=group, seq=seq) if op else None,
+                          findings=[Finding("collective_mismatch", summary, culprits, 0.85,
+                                            _evidence(rows, "Flight Recorder"))],
+                          next_steps=["Make every rank issue the same collective (op, dtype, size) at that position: "
+                                      "the culprit's call site is in its Flight Recorder entry."])]
+    return []
+
+
+def _from_fingerprints(ctx: Context, fps: list[dict[str, Any]]) -> list[Candidate]:
+    by_seq: dict[Any, dict[int, dict[str, Any]]] = {}
+    for r in fps:
+        by_seq.setdefault(r["value"], {})[r["rank"]] = r
+    seq = next((s for s in sorted(by_seq, key=lambda s: (s is None, s))
+                if len({_sig(r) for r in by_seq[s].values()}) > 1), None)
+    if seq not in by_seq:
+        return []
+    ranks = by_seq[seq]
+    sigs = Counter(_sig(r) for r in ranks.values())
+    (top, n_top), *rest = sigs.most_common()
+    if rest and n_top > rest[0][1]:
+        culprits = tuple(sorted(r for r, row in ranks.items() if _sig(row) != top))
+        majority = tuple(sorted(r for r, row in ranks.items() if _sig(row) == top))
+        conf = 0.9
+    else:  # two ranks (or a tie): who is "wrong" is not stated; the ranks other than the reporter are named
+        reporters = {int(m.group(1)) for row in ranks.values() if (m := re.search(r"\bby=rank(\d+)", row["detail"] or ""))}
+        culprits = tuple(sorted(set(ranks) - reporters)) or tuple(sorted(ranks))
+        majority = tuple(sorted(set(ranks) - set(culprits)))
+        top = _sig(ranks[majority[0]]) if majority else top
+        conf = 0.5
+    ref = next(row for row in ranks.values() if _sig(row) == top)
+    theirs = "; ".join(f"{ranks_text([r])} ran {_sig(ranks[r])}" for r in culprits)
+    summary = (f"ranks ran different collectives at seq {seq}: {theirs}"
+               + (f", while {ranks_text(majority)} ran {top}" if majority else ""))
+    return [Candidate("collective_mismatch", summary, culprits=culprits, waiting=majority,
+                      operation=Operation(name=ref["name"], group=ref["group"], seq=seq,
+                                          shape=_field(ref, "shape"), dtype=_field(ref, "dtype")),
+                      wait_for=tuple(WaitEdge(r, culprits, ref["name"] or "?", ref["group"], seq) for r in majority),
+                      findings=[Finding("collective_mismatch", summary, culprits, conf,
+                                        _evidence(list(ranks.values()), "fingerprint"))],
+                      next_steps=[f"Make {ranks_text(culprits)} issue the same collective as the others at seq {seq}: "
+                                  "a rank-dependent branch or a data-dependent shape reaches a different call."])]
+
+
+def _field(row: dict[str, Any], name: str) -> str | None:
+    m = re.search(rf"\b{name}=(\S+)", row["detail"] or "")
+    return m.group(1) if m else None
+
+
+def _sig(row: dict[str, Any]) -> str:
+    parts = [row["name"] or "?"]
+    for f in ("shape", "dtype"):
+        v = _field(row, f)
+        if v:
+            parts.append(v)
+    return " ".join(parts)
