@@ -59,16 +59,18 @@ def analyze_case(case: dict[str, Any], inproc: bool) -> dict[str, Any]:
         return {"status": "error", "kind": f"rc={res.returncode}: {res.stderr.strip()[-300:]}"}
 
 
-def judge(truth: dict[str, Any], v: dict[str, Any]) -> tuple[bool, str]:
-    """(right, why not) of verdict `v` against `truth`."""
+def judge(truth: dict[str, Any], v: dict[str, Any]) -> tuple[bool | None, str]:
+    """(right, why not) of verdict `v` against `truth`; right is None for a case the truth cannot score."""
     t_status, t_kind = truth.get("status"), truth.get("kind")
     v_status, v_kind = v.get("status"), v.get("kind")
+    if t_kind is None and t_status is None:
+        return None, "the thread establishes neither status nor kind: not scored"
     if t_kind == "no_hang" or t_status in ("completed", "idle"):
         ok = v_status not in _HANG_STATUSES
         return ok, "" if ok else f"said {v_status}/{v_kind} on a run that {t_status}"
     if v_status not in _HANG_STATUSES:
         return False, f"said {v_status}/{v_kind}"
-    if v_kind != t_kind and not _kinds_agree(t_kind, v_kind, truth):
+    if t_kind is not None and v_kind != t_kind and not _kinds_agree(t_kind, v_kind, truth):
         return False, f"kind {v_kind} != {t_kind}"
     t_op = truth.get("op")
     v_op = (v.get("operation") or {}).get("name")
@@ -114,10 +116,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     by_family: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     by_kind: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    right = alone_right = alone_total = 0
+    right = alone_right = alone_total = unscored = 0
     for case in cases:
         v = analyze_case(case, args.inproc)
         ok, why = judge(case["truth"], v)
+        if ok is None:
+            unscored += 1
+            continue
         right += ok
         if case.get("files_alone"):
             alone_total += 1
@@ -125,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         for fam in case.get("families", []) or ["?"]:
             by_family[fam][0] += ok
             by_family[fam][1] += 1
-        by_kind[case["truth"].get("kind", "?")][0] += ok
-        by_kind[case["truth"].get("kind", "?")][1] += 1
+        kind = case["truth"].get("kind") or f"({case['truth'].get('status')})"
+        by_kind[kind][0] += ok
+        by_kind[kind][1] += 1
         rows.append({"id": case["id"], "right": ok, "why": why, "status": v.get("status"), "kind": v.get("kind"),
                      "op": (v.get("operation") or {}).get("name"), "culprits": v.get("culprit_ranks"),
                      "truth": case["truth"]})
@@ -142,8 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     print("by truth kind:")
     for kind, (r, n) in sorted(by_kind.items(), key=lambda kv: -kv[1][1]):
         print(f"  {kind:<26} {r:>3}/{n}")
-    print(f"\nright: {right}/{len(cases)} ({100 * right / max(1, len(cases)):.0f}%); "
-          f"files alone: {alone_right}/{alone_total}")
+    scored = len(cases) - unscored
+    print(f"\nright: {right}/{scored} ({100 * right / max(1, scored):.0f}%); files alone: {alone_right}/{alone_total}"
+          + (f"; {unscored} case(s) not scored (truth unknown)" if unscored else ""))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1, default=str))
     return 0 if right >= args.min else 1

@@ -135,11 +135,12 @@ def anonymous_stacks(ctx: Context) -> list[Candidate]:
         return [Candidate("stuck_in_collective", summary, findings=[Finding("stuck_in_collective", summary, (), 0.4, ev)],
                           next_steps=["Check GPU utilisation (a spinning NCCL kernel reads 100%) and the NCCL log of "
                                       "the last collective; try NCCL_P2P_DISABLE=1."])]
-    blocked = [s for s, st in states if st in ("blocked_other", "idle_loop")]
+    blocked = [s for s, st in states if st in ("blocked_other", "idle_loop", "running")]
     if blocked and len(blocked) == n:
         places = sorted({w for w in (where(s) for s in blocked) if w})
-        summary = (f"{who} {'is' if n == 1 else 'are'} blocked outside collectives in "
-                   f"{', '.join(places[:3]) or 'a wait'}")
+        doing = "blocked" if all(st != "running" for _s, st in states) else "busy"
+        summary = (f"{who} {'is' if n == 1 else 'are'} {doing} outside collectives in "
+                   f"{', '.join(places[:3]) or 'a wait'}: no communication is involved in what it waits for")
         return [Candidate("blocked_outside_collective", summary,
                           operation=Operation(name=places[0] if places else "wait"),
                           findings=[Finding("blocked_outside_collective", summary, (), 0.5, ev)],
