@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from ranktrace.analyzers import schema
+from ranktrace.analyzers.model import HostRun
 from ranktrace.analyzers.readers.base import ReaderError, ReadResult, Skipped
 
 __all__ = ["Inputs", "InputError", "collect", "READERS", "HostRun"]
@@ -38,15 +39,6 @@ _OWN_FILES = {"meta.json", "verdict.json", "report.html", "events.arrow", "proc.
 
 class InputError(Exception):
     """Nothing analyzable was given (missing path, empty folder, nothing recognised). Maps to exit 2."""
-
-
-@dataclass
-class HostRun:
-    """One ranktrace host directory: its meta.json (if readable) and whether its job has ended."""
-
-    host_dir: Path
-    meta: dict[str, Any] | None
-    ended: bool
 
 
 @dataclass

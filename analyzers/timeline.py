@@ -16,15 +16,14 @@ Completion (DESIGN §2 — a call that returned is not an op that finished):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ranktrace.analyzers import schema
+from ranktrace.analyzers.model import OpenSpan
 
-__all__ = ["OPS", "build_ops", "last_issued", "OpenSpan", "open_spans", "open_enter_rows", "dictionary_codes",
+__all__ = ["OPS", "build_ops", "last_issued", "OpenSpan", "open_spans", "open_enter_rows",
            "last_phase", "BLOCKING_COMPLETE_BACKENDS"]
 
 BLOCKING_COMPLETE_BACKENDS = ("gloo",)
@@ -100,9 +99,6 @@ def _dict_codes(arr: Column) -> tuple[np.ndarray, pa.Array]:
         dictionary, indices = enc.dictionary, enc.indices
     indices = pc.fill_null(indices, -1) if indices.null_count else indices
     return np.asarray(_np(indices), dtype=np.int32), dictionary
-
-
-dictionary_codes = _dict_codes  # the public name, for the renderers
 
 
 def _take(col: Column, idx: np.ndarray, missing: np.ndarray | None = None) -> Column:
@@ -326,27 +322,6 @@ def last_issued(ops: pa.Table) -> dict[int, dict]:
     return {r["rank"]: r for r in picked}
 
 
-@dataclass(frozen=True)
-class OpenSpan:
-    """An ENTER with no EXIT/ERROR yet: what a rank is inside right now (or was when it died)."""
-
-    rank: int | None
-    pid: int | None
-    tid: int | None
-    name: str
-    category: str
-    group: str | None
-    seq: int | None
-    t_ns: int | None
-    callsite: str | None
-    capturing: bool
-    graph_id: int | None
-    source: str | None
-    file: str | None
-    line: int | None
-    detail: str | None
-
-
 def _take_rows(table: pa.Table, idx: np.ndarray) -> pa.Table:
     """Rows `idx` of a table; a few rows are sliced out (``take`` on many-chunk columns copies whole columns)."""
     if idx.size > 256:
@@ -358,10 +333,12 @@ _OPEN_COLS = ["rank", "pid", "tid", "name", "category", "group", "seq", "t_ns", 
               "source", "file", "line", "detail"]
 
 
-def open_spans(events: pa.Table) -> list[OpenSpan]:
-    """Spans opened (enter) and never closed, from sources that record exits (span_id set), in time order."""
-    rows = _take_rows(events.select(_OPEN_COLS), open_enter_rows(events)).sort_by("t_ns").to_pylist()
-    return [OpenSpan(**{**r, "capturing": bool(r["capturing"])}) for r in rows]
+def open_spans(events: pa.Table, rows: np.ndarray | None = None) -> list[OpenSpan]:
+    """Spans opened (enter) and never closed, from sources that record exits (span_id set), in time order.
+    `rows`: ``open_enter_rows(events)`` when the caller already has it."""
+    idx = open_enter_rows(events) if rows is None else rows
+    picked = _take_rows(events.select(_OPEN_COLS), idx).sort_by("t_ns").to_pylist()
+    return [OpenSpan(**{**r, "capturing": bool(r["capturing"])}) for r in picked]
 
 
 def open_enter_rows(events: pa.Table) -> np.ndarray:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ranktrace.analyzers.model import Analysis
 from ranktrace.analyzers.report.spans import Span, pair_spans
 
 __all__ = ["render", "EXTENSION", "BINARY"]
@@ -16,7 +17,7 @@ EXTENSION = ".json"
 BINARY = False
 
 
-def render(result: Any) -> str:
+def render(result: Analysis) -> str:
     ss = pair_spans(result.events)
     out: list[dict[str, Any]] = []
     if not ss.ranks:
