@@ -1,4 +1,4 @@
-"""The `trace` / `ranktrace` command: run, analyze, attach, snapshot, compare.
+"""The `trace` / `ranktrace` command: run, analyze, attach, snapshot, compare, --version.
 
 The only place that writes to the terminal and maps outcomes to exit codes: ``trace analyze`` 0 no hang, 3 hang
 or crash diagnosed, 4 inconclusive, 2 usage/input error; ``trace run`` returns the job's own status (128+N for
@@ -42,7 +42,18 @@ def _one_line_errors(fn):  # type: ignore[no-untyped-def]
     return wrapper
 
 
+def _print_versions(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from ranktrace.versions import versions_text
+
+    click.echo(versions_text())
+    ctx.exit()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_versions,
+              help="Print the versions of ranktrace, torch and its NCCL, and python, and exit.")
 def main() -> None:
     """ranktrace: which collective, graph capture or init step never returned, on which ranks, and why."""
 
