@@ -1,13 +1,5 @@
-"""`trace compare A B`: two runs side by side (H100 vs Blackwell, good vs hung) and where they diverge.
-
-Four questions, in the order a person asks them:
-1. context — what differs in how they ran (command, versions, GPUs, NCCL/TORCH environment, world size);
-2. outcome — each run's verdict;
-3. communication — per rank, the first op where B's sequence of (group, seq, op, dtype, shape) departs from A's
-   (the op one run issued and the other did not, or issued differently);
-4. timings — init and time-to-first-collective per run, the phases that got much slower.
-Inputs are analyzed with the same facade as `trace analyze`; nothing here reads files itself.
-"""
+"""`trace compare A B`: two runs side by side (good vs hung, H100 vs Blackwell) and where they first diverge —
+context, outcome, communication, timings. Both runs go through the same facade as `trace analyze`."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -88,7 +80,14 @@ def _timings(events: pa.Table) -> dict[str, float | None]:
 
 
 def compare_paths(a: Path, b: Path, *, liveness: Liveness | None) -> Comparison:
-    """Analyze both (`liveness` as for ``facade.analyze``: one value may cover both runs) and compare them."""
+    """Analyze both (`liveness` as for ``facade.analyze``: one value may cover both runs) and answer four
+    questions, in the order a person asks them:
+    1. context — what differs in how they ran (command, versions, GPUs, NCCL/TORCH environment, world size);
+    2. outcome — each run's verdict;
+    3. communication — per rank, the first op where B's sequence of (group, seq, op, dtype, shape) departs from
+       A's (the op one run issued and the other did not, or issued differently);
+    4. timings — init and time-to-first-collective per run.
+    """
     ra, rb = facade.analyze([a], liveness=liveness), facade.analyze([b], liveness=liveness)
     cmp = Comparison(str(a), str(b))
     cmp.context = context_diff(ra.meta(), rb.meta())

@@ -1,8 +1,5 @@
-"""The one way into the analysis: paths (and what the capture side saw alive) in, an ``Analysis`` out.
-
-`trace analyze`, `trace compare`, `trace snapshot`, `trace attach`, `trace run` and its watchdog all call these;
-nothing here prints, exits or looks at the process table.
-"""
+"""The one way into the analysis: paths, and what the capture side saw alive, in; an ``Analysis`` out. Every
+command and the watchdog call it; nothing here prints, exits or looks at the process table."""
 from __future__ import annotations
 
 import os

@@ -1,8 +1,5 @@
-"""The analysis as plain values: what goes in besides the files (``Liveness``) and what comes out (``Analysis``).
-
-Renderers, the watchdog and the CLI read these and nothing deeper, so they never depend on how the analysis is
-done; this module imports no other stage (only the verdict, which it carries).
-"""
+"""The analysis as plain values: what goes in besides the files (``Liveness``) and what comes out (``Analysis``,
+``Comparison``). Renderers, the watchdog and the CLI read these and nothing deeper; it imports only the verdict."""
 from __future__ import annotations
 
 import os

@@ -1,19 +1,5 @@
-"""From raw events to ops and open spans: one row per (rank, channel, seq) op, and what each rank has open now.
-
-Vectorised (pyarrow group_by), so 8 ranks x 1M events stay interactive (DESIGN §7).
-
-*Channel* is what ``seq`` counts on: a collective's channel is its group; a p2p op's channel is
-``group|src>dst`` (the k-th send from A to B meets B's k-th recv from A, DESIGN §3).
-
-Completion (DESIGN §2 — a call that returned is not an op that finished):
-1. a ``complete`` row (Flight Recorder state completed, CUDA event, kernel end) completes the op;
-2. on gloo a blocking call that *returned* (``exit``) has finished — gloo does the work inside the call;
-3. on gloo, an op followed by a later op on the same channel of the same rank has finished (FR's gloo entries stay
-   "scheduled" forever, platform-notes); the same inference is made for sources that never report completion at
-   all (NCCL COLL log lines, watchdog lines): ops that matched and were followed by more ops on the communicator
-   are taken as done, so the wait-for engine looks at the last op each rank issued, where ranks diverge;
-4. nothing else: an NCCL ``exit`` means enqueued; ``error`` means the call failed (typically a timeout) — not done.
-"""
+"""From raw events to ops and open spans: one row per (rank, channel, seq) op with whether it was issued, returned
+and completed, and what each rank has open now. Vectorised, so 8 ranks x 1M events stay interactive."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -339,7 +325,15 @@ def _channel_seq_max(g_rank: np.ndarray, g_chan: np.ndarray, g_seq: np.ndarray) 
 
 def _completed(out: dict[str, Column], seq: np.ndarray, seq_max: np.ndarray, returned: np.ndarray,
                errored: np.ndarray, complete_row: np.ndarray, async_op: np.ndarray) -> np.ndarray:
-    """Completion rules 1-4 of the module docstring, per op (all arrays in output order)."""
+    """Per op (all arrays in output order): did it finish? A call that returned is not an op that finished:
+    1. a ``complete`` row (Flight Recorder state completed, CUDA event, kernel end) completes the op;
+    2. on gloo a blocking call that *returned* (``exit``) has finished — gloo does the work inside the call;
+    3. on gloo, an op followed by a later op on the same channel of the same rank has finished (FR's gloo entries
+       stay "scheduled" forever); the same inference is made for sources that never report completion at all
+       (NCCL COLL log lines, watchdog lines, our hooks on NCCL): the wait-for engine then looks at the last op
+       each rank issued, where ranks diverge;
+    4. nothing else: an NCCL ``exit`` means enqueued; ``error`` means the call failed (a timeout) — not done.
+    """
     gloo = _bools(pc.is_in(out["backend"], value_set=pa.array(BLOCKING_COMPLETE_BACKENDS)))
     no_completion_info = _bools(pc.is_in(out["source"], value_set=pa.array(NO_COMPLETION_SOURCES)))
     completed = complete_row | (returned & gloo & ~async_op)

@@ -1,9 +1,5 @@
-"""The `trace` / `ranktrace` command: run, analyze, attach, snapshot, compare, --version.
-
-The only place that writes to the terminal and maps outcomes to exit codes: ``trace analyze`` 0 no hang, 3 hang
-or crash diagnosed, 4 inconclusive, 2 usage/input error; ``trace run`` returns the job's own status (128+N for
-signal N) and says so on one stderr line. Commands import what they use when they run (a fast `--help`).
-"""
+"""The `trace` / `ranktrace` command (run, analyze, attach, snapshot, compare, --version): the only place that
+writes to the terminal and maps outcomes to exit codes. Commands import what they use when they run."""
 from __future__ import annotations
 
 import sys
@@ -159,7 +155,7 @@ def _refresh_after_run(run_dir: Path, show: bool = True) -> None:
 
 @main.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON (DESIGN §5 contract).")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON (the verdict.json contract).")
 @click.option("--perfetto", type=click.Path(path_type=Path), default=None,
               help="Also write a Chrome-trace JSON timeline (open in ui.perfetto.dev); an existing file is refused.")
 @click.option("--html", "html_out", type=click.Path(path_type=Path), default=None,

@@ -1,10 +1,5 @@
-"""Diagnose: rules -> findings -> one verdict (DESIGN §5). The ordered rule list below *is* the priority.
-
-Each rule answers one question and returns candidates (a proposed verdict plus findings with evidence). The first
-primary candidate becomes the verdict; every rule's findings are kept. Status (hang / crashed / completed / idle /
-inconclusive) is decided separately from kind, from what the job itself did (DESIGN §5: a hang aborted by a
-watchdog is ``crashed`` + ``missing_ranks``).
-"""
+"""Diagnose: rules -> findings -> one verdict. The ordered rule list below *is* the priority; the job's status
+(hang / crashed / completed / idle / inconclusive) is decided apart from the kind, from what the job itself did."""
 from __future__ import annotations
 
 from collections import Counter

@@ -1,9 +1,5 @@
-"""Everything the diagnose rules look at, computed once from the merged inputs.
-
-Rules never read files, the environment or the process table: they get a ``Context`` (tables, the wait-for graph,
-host states, job status) and return findings, so each can be tested on hand-built contexts. Whether the job's
-processes are alive is an input (``model.Liveness``, from whoever captured the trace), not something looked up here.
-"""
+"""Everything the diagnose rules look at, computed once, so each rule is a function of a ``Context`` alone: no
+files, environment or process table (which processes are alive comes in as ``model.Liveness``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,13 +1,6 @@
-"""``<run>/report.html``: the verdict and a timeline picture in one self-contained page (DESIGN §3).
-
-Why a page beside the terminal report: the person on call pastes a hang into a ticket or a chat; a single file
-with no scripts, fonts or requests outside it opens anywhere and shows what the text cannot — each rank's lane
-over time, the ops that never returned drawn to the end in red, the culprit's lane marked. Everything in it that
-came from the trace (op names, call sites, error texts, stacks, file paths) is HTML-escaped: a trace is data.
-
-Takes an ``Analysis`` (the verdict and its tables); returns the page as a string and never opens files (the
-caller writes it).
-"""
+"""``<run>/report.html``: the verdict and each rank's timeline in one self-contained page (no scripts, nothing
+fetched) that opens wherever a hang gets pasted; everything that came from the trace is HTML-escaped. Takes an
+``Analysis``, returns the page as a string."""
 from __future__ import annotations
 
 import html

@@ -1,9 +1,5 @@
-"""Op spans for the timeline renderers: each ENTER paired with the EXIT / ERROR / COMPLETE that closes it.
-
-The Perfetto and HTML renderers both draw "what each rank was inside, and for how long"; the pairing rule (and the
-rule that a span never closed is drawn to the end of the trace, marked open) is one decision, made here once.
-Rows are paired in time order per the EVENTS table; marks (phases, ring-wrap notes) are passed through as points.
-"""
+"""Op spans for the timeline renderers: each ENTER paired with the EXIT / ERROR / COMPLETE that closes it, decided
+once for Perfetto and HTML (a span never closed is drawn to the end of the trace, marked open)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
