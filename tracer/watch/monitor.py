@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from ranktrace.analyzers.verdict import compact_ranks
 from ranktrace.tracer.watch import burst
 from ranktrace.tracer import ringformat
 
@@ -474,8 +475,6 @@ class Monitor:
 def inside_line(analysis: Analysis) -> str:
     """'ranks 0-2 in all_reduce group 0 seq 5; rank 3 outside any traced op': each observed rank's innermost open
     call, as the analysis found it."""
-    from ranktrace.analyzers.verdict import compact_ranks
-
     inside: dict[str, set[int]] = {}
     for rank, s in analysis.inside().items():
         inside.setdefault(f"{s.name}" + (f" group {s.group} seq {s.seq}" if s.seq else ""), set()).add(rank)
