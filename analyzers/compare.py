@@ -1,16 +1,7 @@
-"""`trace compare A B`: two runs side by side (H100 vs Blackwell, good vs hung) and where they diverge.
-
-Four questions, in the order a person asks them:
-1. context — what differs in how they ran (command, versions, GPUs, NCCL/TORCH environment, world size);
-2. outcome — each run's verdict;
-3. communication — per rank, the first op where B's sequence of (group, seq, op, dtype, shape) departs from A's
-   (the op one run issued and the other did not, or issued differently);
-4. timings — init and time-to-first-collective per run, the phases that got much slower.
-Inputs are analyzed with the same facade as `trace analyze`; nothing here reads files itself.
-"""
+"""`trace compare A B`: two runs side by side (good vs hung, H100 vs Blackwell) and where they first diverge —
+context, outcome, communication, timings. Both runs go through the same facade as `trace analyze`."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,49 +9,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ranktrace.analyzers import facade
+from ranktrace.analyzers.model import Comparison, Divergence, Liveness
 
 __all__ = ["Divergence", "Comparison", "compare_paths", "context_diff", "first_divergence"]
 
 _ENV_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "PYTORCH_", "GLOO_", "OMP_", "SGLANG_", "VLLM_")
-
-
-@dataclass(frozen=True)
-class Divergence:
-    rank: int
-    position: int              # index in the rank's op sequence
-    a: str | None              # what A issued there (None: A had stopped)
-    b: str | None
-    a_callsite: str | None = None
-    b_callsite: str | None = None
-
-
-@dataclass
-class Comparison:
-    a: str
-    b: str
-    context: list[tuple[str, Any, Any]] = field(default_factory=list)   # (key, value in A, value in B)
-    outcome: tuple[str, str] = ("", "")
-    divergences: list[Divergence] = field(default_factory=list)
-    op_counts: list[tuple[str, int, int]] = field(default_factory=list)  # (op, count in A, count in B)
-    timings: list[tuple[str, float | None, float | None]] = field(default_factory=list)  # seconds
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": "ranktrace.compare/1", **asdict(self)}
-
-    def summary(self) -> str:
-        if not self.divergences:
-            return "the runs issued the same collectives in the same order on every rank both observed"
-        d = min(self.divergences, key=lambda x: (x.position, x.rank))
-        if d.b is None:
-            return f"rank {d.rank}: A went on to {d.a} where B stopped (op #{d.position})"
-        if d.a is None:
-            return f"rank {d.rank}: B went on to {d.b} where A stopped (op #{d.position})"
-        return f"rank {d.rank}: op #{d.position} is {d.a} in A but {d.b} in B"
-
-
-def _meta(result: facade.AnalysisResult) -> dict[str, Any]:
-    metas = [h.meta for h in result.inputs.hosts if h.meta]
-    return metas[0] if metas else {}
 
 
 def context_diff(ma: dict[str, Any], mb: dict[str, Any]) -> list[tuple[str, Any, Any]]:
@@ -126,10 +79,18 @@ def _timings(events: pa.Table) -> dict[str, float | None]:
     return out
 
 
-def compare_paths(a: Path, b: Path) -> Comparison:
-    ra, rb = facade.analyze_with_timeline([a]), facade.analyze_with_timeline([b])
+def compare_paths(a: Path, b: Path, *, liveness: Liveness | None) -> Comparison:
+    """Analyze both (`liveness` as for ``facade.analyze``: one value may cover both runs) and answer four
+    questions, in the order a person asks them:
+    1. context — what differs in how they ran (command, versions, GPUs, NCCL/TORCH environment, world size);
+    2. outcome — each run's verdict;
+    3. communication — per rank, the first op where B's sequence of (group, seq, op, dtype, shape) departs from
+       A's (the op one run issued and the other did not, or issued differently);
+    4. timings — init and time-to-first-collective per run.
+    """
+    ra, rb = facade.analyze([a], liveness=liveness), facade.analyze([b], liveness=liveness)
     cmp = Comparison(str(a), str(b))
-    cmp.context = context_diff(_meta(ra), _meta(rb))
+    cmp.context = context_diff(ra.meta(), rb.meta())
     cmp.outcome = (f"{ra.verdict.status}/{ra.verdict.kind}: {ra.verdict.summary}",
                    f"{rb.verdict.status}/{rb.verdict.kind}: {rb.verdict.summary}")
     cmp.divergences = first_divergence(_sequences(ra.ops), _sequences(rb.ops))

@@ -1,51 +1,68 @@
-"""One entry point per question (HTA style): analyze these paths -> a verdict (and the timeline behind it).
-
-The CLI, ``trace run`` and the watchdog all call these; nothing here prints or exits.
-"""
+"""The one way into the analysis: paths, and what the capture side saw alive, in; an ``Analysis`` out. Every
+command and the watchdog call it; nothing here prints, exits or looks at the process table."""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow as pa
-
 from ranktrace.analyzers import diagnose as diagnose_mod
-from ranktrace.analyzers.sources import InputError, Inputs, collect
+from ranktrace.analyzers.model import Analysis, Liveness
+from ranktrace.analyzers.sources import InputError, collect
 from ranktrace.analyzers.verdict import Verdict
 
-__all__ = ["AnalysisResult", "analyze_paths", "analyze_with_timeline", "write_run_files", "exit_code", "InputError"]
+__all__ = ["Analysis", "Liveness", "Refreshed", "analyze", "refresh_run", "write_run_files", "exit_code",
+           "InputError"]
+
+
+def analyze(paths: list[Path], *, liveness: Liveness | None) -> Analysis:
+    """Read `paths` (trace dirs, folders or files of logs and dumps), diagnose, and keep the tables behind it.
+
+    `liveness`: which of the traced processes the capture side saw alive (``tracer.watch.live.liveness``), or
+    None when nobody looked — an offline analysis, where an unfinished run's state is "unknown", never "gone".
+    Raises InputError when nothing at all could be used.
+    """
+    inputs = collect([Path(p) for p in paths])
+    ctx = diagnose_mod.build_context(inputs, liveness)
+    verdict = diagnose_mod.diagnose(ctx)
+    return Analysis(
+        verdict=verdict, events=ctx.events, ops=ctx.ops, stacks=inputs.stacks, observations=inputs.observations,
+        open_spans=tuple(ctx.open_spans), open_rows=tuple(int(i) for i in ctx.open_rows), job=ctx.job,
+        liveness=liveness, hosts=tuple(inputs.hosts), files=tuple(inputs.files), skipped=tuple(inputs.skipped),
+    )
 
 
 @dataclass(frozen=True)
-class AnalysisResult:
-    verdict: Verdict
-    events: pa.Table
-    ops: pa.Table
-    inputs: Inputs
+class Refreshed:
+    """A run re-analyzed and its files rewritten; `problem`: one line when a file could not be written."""
+
+    analysis: Analysis
+    problem: str | None = None
 
 
-def analyze_with_timeline(paths: list[Path]) -> AnalysisResult:
-    """Read `paths`, diagnose, and keep the tables (for the Perfetto/HTML renderers). Raises InputError."""
-    inputs = collect([Path(p) for p in paths])
-    ctx = diagnose_mod.build_context(inputs)
-    verdict = diagnose_mod.diagnose(inputs, ctx)
-    return AnalysisResult(verdict, ctx.events, ctx.ops, inputs)
+def refresh_run(run_dir: Path, liveness: Liveness | None) -> Refreshed:
+    """Analyze a run directory and (re)write ``<run>/verdict.json`` and ``<run>/report.html`` beside it.
+
+    Analysis errors propagate (InputError, or a bug of ours). A file that cannot be written (disk full, the run
+    dir removed) never costs the verdict: it comes back as ``problem`` beside the analysis.
+    """
+    analysis = analyze([run_dir], liveness=liveness)
+    try:
+        problem = write_run_files(run_dir, analysis)
+    except OSError as e:
+        problem = f"verdict.json not written: {e}"
+    return Refreshed(analysis, problem)
 
 
-def analyze_paths(paths: list[Path]) -> Verdict:
-    return analyze_with_timeline(paths).verdict
-
-
-def write_run_files(run_dir: Path, result: AnalysisResult) -> str | None:
+def write_run_files(run_dir: Path, analysis: Analysis) -> str | None:
     """``<run>/verdict.json`` (the contract: its write errors propagate) and ``<run>/report.html`` (a page for
     people: a failure there is returned as one line and never costs the verdict)."""
     from ranktrace.analyzers.report import html_report, json_report
 
-    _replace(run_dir / "verdict.json", json_report.render(result.verdict))
+    _replace(run_dir / "verdict.json", json_report.render(analysis.verdict))
     page = run_dir / "report.html"
     try:
-        _replace(page, html_report.render(result))
+        _replace(page, html_report.render(analysis))
     except Exception as e:  # noqa: BLE001 - the page is extra; the verdict above is what must land
         page.unlink(missing_ok=True)  # never a page of an older verdict beside this one
         return f"report.html not written: {type(e).__name__}: {e}"
@@ -64,7 +81,7 @@ def _replace(path: Path, text: str) -> None:
 
 
 def exit_code(v: Verdict) -> int:
-    """DESIGN §5: 0 no hang, 3 hang or crash diagnosed, 4 inconclusive (2 = usage/input error, raised earlier)."""
+    """0 no hang, 3 hang or crash diagnosed, 4 inconclusive (2 = usage/input error, raised earlier)."""
     if v.status in ("hang", "crashed"):
         return 3
     if v.status == "inconclusive":

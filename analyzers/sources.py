@@ -1,13 +1,5 @@
-"""Find, sniff and read every input, and merge what the readers produced into one set of common tables.
-
-``trace analyze`` takes ranktrace run/host directories, or any folder or list of files a user already has (NCCL
-logs, Flight Recorder dumps, py-spy dumps, ...). Formats are recognised by content (each reader's ``sniff``); a
-file several text readers recognise (a Slurm log with NCCL lines, watchdog lines and py-spy dumps) is read by each
-of them. Bad files never stop the analysis: they become ``Skipped`` entries that the verdict reports.
-
-Ranks a reader could not name are filled afterwards, in one place: from the same process's ranktrace identity
-(pid -> rank on that host), else from the file name (``rank3``, ``tp1``, ``nccl_trace_rank_3``).
-"""
+"""Find, sniff (by content) and read every input, and merge what the readers produced into the common tables; a
+bad file never stops the analysis, it becomes a ``Skipped`` entry the verdict reports."""
 from __future__ import annotations
 
 import importlib
@@ -23,6 +15,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from ranktrace.analyzers import schema
+from ranktrace.analyzers.model import HostRun
 from ranktrace.analyzers.readers.base import ReaderError, ReadResult, Skipped
 
 __all__ = ["Inputs", "InputError", "InputRead", "collect", "STRUCTURED", "HostRun"]
@@ -38,15 +31,6 @@ _OWN_FILES = {"meta.json", "verdict.json", "report.html", "events.arrow", "proc.
 
 class InputError(Exception):
     """Nothing analyzable was given (missing path, empty folder, nothing recognised). Maps to exit 2."""
-
-
-@dataclass
-class HostRun:
-    """One ranktrace host directory: its meta.json (if readable) and whether its job has ended."""
-
-    host_dir: Path
-    meta: dict[str, Any] | None
-    ended: bool
 
 
 @dataclass(frozen=True)

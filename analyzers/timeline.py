@@ -1,30 +1,18 @@
-"""From raw events to ops and open spans: one row per (rank, channel, seq) op, and what each rank has open now.
-
-Vectorised (pyarrow group_by), so 8 ranks x 1M events stay interactive (DESIGN §7).
-
-*Channel* is what ``seq`` counts on: a collective's channel is its group; a p2p op's channel is
-``group|src>dst`` (the k-th send from A to B meets B's k-th recv from A, DESIGN §3).
-
-Completion (DESIGN §2 — a call that returned is not an op that finished):
-1. a ``complete`` row (Flight Recorder state completed, CUDA event, kernel end) completes the op;
-2. on gloo a blocking call that *returned* (``exit``) has finished — gloo does the work inside the call;
-3. on gloo, an op followed by a later op on the same channel of the same rank has finished (FR's gloo entries stay
-   "scheduled" forever, platform-notes); the same inference is made for sources that never report completion at
-   all (NCCL COLL log lines, watchdog lines): ops that matched and were followed by more ops on the communicator
-   are taken as done, so the wait-for engine looks at the last op each rank issued, where ranks diverge;
-4. nothing else: an NCCL ``exit`` means enqueued; ``error`` means the call failed (typically a timeout) — not done.
-"""
+"""From raw events to ops and open spans: one row per (rank, channel, seq) op with whether it was issued, returned
+and completed, and what each rank has open now. Vectorised, so 8 ranks x 1M events stay interactive."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ranktrace.analyzers import schema
+from ranktrace.analyzers.model import OpenSpan
 
-__all__ = ["OPS", "build_ops", "last_issued", "OpenSpan", "open_spans", "open_enter_rows", "dictionary_codes",
+__all__ = ["OPS", "build_ops", "last_issued", "OpenSpan", "open_spans", "open_enter_rows",
            "last_phase", "BLOCKING_COMPLETE_BACKENDS"]
 
 BLOCKING_COMPLETE_BACKENDS = ("gloo",)
@@ -102,9 +90,6 @@ def _dict_codes(arr: Column) -> tuple[np.ndarray, pa.Array]:
     return np.asarray(_np(indices), dtype=np.int32), dictionary
 
 
-dictionary_codes = _dict_codes  # the public name, for the renderers
-
-
 def _take(col: Column, idx: np.ndarray, missing: np.ndarray | None = None) -> Column:
     """``col[idx]`` (null where `missing`), taken chunk by chunk: a many-chunk column is never concatenated."""
     if isinstance(col, pa.Array) or col.num_chunks == 1:
@@ -147,18 +132,60 @@ def build_ops(events: pa.Table) -> pa.Table:
     column. Per op: the descriptive columns are the first non-null value in event order (``state`` the last one),
     t_enter/wall_enter the earliest enter, each flag whether any of its events says so. Ops come out ordered by
     (rank, t_enter), t_enter nulls last, ties in the order of their first event.
+
+    The steps: which rows are ops (``_op_rows``) -> their channels (``_channels``) -> rows grouped per op
+    (``_OpGroups``) -> per-op flags and enter times -> descriptive columns -> completion (``_completed``).
     """
-    n = events.num_rows
-    if n == 0:
+    if events.num_rows == 0:
         return schema.empty(OPS)
     col = events.column
+    category, is_op = _op_rows(col)
+    if not is_op.any():
+        return schema.empty(OPS)
+    src, dst, chan = _channels(col, category, is_op)
+    c, chan_dict = _dict_codes(chan)
+    r = np.asarray(_np(pc.fill_null(col("rank"), 0)))  # int32
+    s = _ints(pc.fill_null(col("seq"), 0))
+    g = _OpGroups.of(r, c, s, is_op, len(chan_dict))
+
+    kind = _codes(col("kind"), ["enter", "exit", "error", "complete"])
+    issued, returned, errored, complete_row, async_op, capturing = g.flags(kind, col)
+    is_enter = kind == 0
+    t_enter, t_missing = g.enter_min(col("t_ns"), is_enter, issued)
+    wall_enter, wall_missing = g.enter_min(col("wall_ns"), is_enter, issued)
+
+    g_rank, g_chan, g_seq = r[g.first], c[g.first], s[g.first]  # ops are in (rank, chan, seq) order here
+    seq_max = _channel_seq_max(g_rank, g_chan, g_seq)
+    perm = _op_order(g_rank, t_enter, t_missing, g.first)  # from here on, every per-op array is in output order
+    sources: dict[str, Column] = {name: col(name) for name in _FIRST_COLS + ("state",)}
+    sources.update(src=src, dst=dst)
+    out = g.pick_columns(sources, perm)
+    issued, returned, errored, complete_row, async_op, capturing = (
+        x[perm] for x in (issued, returned, errored, complete_row, async_op, capturing))
+    completed = _completed(out, g_seq[perm], seq_max[perm], returned, errored, complete_row, async_op)
+    out.update({
+        "rank": pa.array(g_rank[perm], pa.int32()), "chan": chan_dict.take(pa.array(g_chan[perm])),
+        "seq": pa.array(g_seq[perm], pa.int64()),
+        "t_enter": pa.array(t_enter[perm], mask=t_missing[perm]),
+        "wall_enter": pa.array(wall_enter[perm], mask=wall_missing[perm]),
+        "issued": pa.array(issued | complete_row), "returned": pa.array(returned), "errored": pa.array(errored),
+        "completed": pa.array(completed), "async_op": pa.array(async_op), "capturing": pa.array(capturing),
+    })
+    return pa.table({name: out[name] if out[name].type == OPS.field(name).type else out[name].cast(OPS.field(name).type)
+                     for name in OPS.names}, schema=OPS)
+
+
+def _op_rows(col: Callable[[str], Column]) -> tuple[np.ndarray, np.ndarray]:
+    """(category code per row: 0 collective, 1 p2p, -1 other; which rows are ops: a collective or p2p row with a
+    seq and a rank)."""
     category = _codes(col("category"), ["collective", "p2p"])
     is_op = (category >= 0) & _bools(pc.is_valid(col("seq"))) & _bools(pc.is_valid(col("rank")))
-    n_op = int(np.count_nonzero(is_op))
-    if n_op == 0:
-        return schema.empty(OPS)
-    others = n_op < n  # rows that are not ops: grouped last, dropped
+    return category, is_op
 
+
+def _channels(col: Callable[[str], Column], category: np.ndarray, is_op: np.ndarray) -> tuple[Column, Column, Column]:
+    """(src, dst, chan) per row: a collective's channel is its group; a p2p op's is ``group|src>dst`` (a send's
+    src is its own rank, a recv's its peer)."""
     is_send = pc.is_in(col("name"), value_set=pa.array(_SENDS))
     if pc.any(is_send).as_py():
         src, dst = pc.if_else(is_send, col("rank"), col("peer")), pc.if_else(is_send, col("peer"), col("rank"))
@@ -173,129 +200,146 @@ def build_ops(events: pa.Table) -> pa.Table:
                           chan)
     else:
         chan = grp
-    c, chan_dict = _dict_codes(chan)
-    r = np.asarray(_np(pc.fill_null(col("rank"), 0)))  # int32
-    s = _ints(pc.fill_null(col("seq"), 0))
+    return src, dst, chan
 
-    # group the rows by (rank, chan, seq); the sort is stable, so each group's rows stay in event order
-    (rmin, rmax), (smin, smax) = _bounds(r, is_op), _bounds(s, is_op)
-    spans = (rmax - rmin + 1, len(chan_dict), smax - smin + 1)
-    if spans[0] * spans[1] * spans[2] < 2**62:
-        key = r.astype(np.int64)  # ((r - rmin) * chans + c) * seqs + (s - smin), built in place
-        key -= rmin
-        key *= spans[1]
-        key += c
-        key *= spans[2]
-        key += s
-        key -= smin
-        if others:
-            np.putmask(key, ~is_op, 2**62)
-        order = np.argsort(key, kind="stable")
-        ks = key[order]
-        starts = np.flatnonzero(np.concatenate(([True], ks[1:] != ks[:-1])))
-    else:
-        if others:  # all non-op rows in one group
-            r, c, s = (np.where(is_op, x, 0) for x in (r, c, s))
-        order = np.lexsort((s, c, r, ~is_op))
-        ro, co, so, oo = r[order], c[order], s[order], is_op[order]
-        starts = np.flatnonzero(np.concatenate(([True], (ro[1:] != ro[:-1]) | (co[1:] != co[:-1])
-                                                | (so[1:] != so[:-1]) | (oo[1:] != oo[:-1]))))
-    n_groups = len(starts) - (1 if others else 0)  # the trailing group of non-op rows is dropped below
-    first = order[starts][:n_groups]  # each op's first and last event row
-    last = order[np.append(starts[1:], n) - 1][:n_groups]
-    all_missing = np.ones(n_groups, dtype=bool)
 
-    def reduce(ufunc: np.ufunc, values: np.ndarray) -> np.ndarray:
+@dataclass(frozen=True)
+class _OpGroups:
+    """The event rows grouped per op: ``order`` sorts the rows by (rank, chan, seq), stably (each op's rows stay
+    in event order); op k's rows are ``order[starts[k]:starts[k + 1]]``. When some rows are not ops they form one
+    trailing group, left out of every per-op array (``n_groups`` ops)."""
+
+    n: int                  # event rows
+    is_op: np.ndarray       # per row
+    order: np.ndarray
+    starts: np.ndarray
+    n_groups: int
+    first: np.ndarray       # per op: its first and last event row
+    last: np.ndarray
+
+    @classmethod
+    def of(cls, r: np.ndarray, c: np.ndarray, s: np.ndarray, is_op: np.ndarray, n_chans: int) -> "_OpGroups":
+        n = len(is_op)
+        others = not bool(is_op.all())  # rows that are not ops: grouped last, dropped
+        (rmin, rmax), (smin, smax) = _bounds(r, is_op), _bounds(s, is_op)
+        spans = (rmax - rmin + 1, n_chans, smax - smin + 1)
+        if spans[0] * spans[1] * spans[2] < 2**62:
+            key = r.astype(np.int64)  # ((r - rmin) * chans + c) * seqs + (s - smin), built in place
+            key -= rmin
+            key *= spans[1]
+            key += c
+            key *= spans[2]
+            key += s
+            key -= smin
+            if others:
+                np.putmask(key, ~is_op, 2**62)
+            order = np.argsort(key, kind="stable")
+            ks = key[order]
+            starts = np.flatnonzero(np.concatenate(([True], ks[1:] != ks[:-1])))
+        else:
+            if others:  # all non-op rows in one group
+                r, c, s = (np.where(is_op, x, 0) for x in (r, c, s))
+            order = np.lexsort((s, c, r, ~is_op))
+            ro, co, so, oo = r[order], c[order], s[order], is_op[order]
+            starts = np.flatnonzero(np.concatenate(([True], (ro[1:] != ro[:-1]) | (co[1:] != co[:-1])
+                                                    | (so[1:] != so[:-1]) | (oo[1:] != oo[:-1]))))
+        n_groups = len(starts) - (1 if others else 0)  # the trailing group of non-op rows is dropped
+        first = order[starts][:n_groups]
+        last = order[np.append(starts[1:], n) - 1][:n_groups]
+        return cls(n, is_op, order, starts, n_groups, first, last)
+
+    def reduce(self, ufunc: np.ufunc, values: np.ndarray) -> np.ndarray:
         """Per op: ufunc over its events' values."""
-        return ufunc.reduceat(values[order], starts)[:n_groups]
+        return ufunc.reduceat(values[self.order], self.starts)[:self.n_groups]
 
-    def valid_rows(a: Column) -> np.ndarray | None:
+    def valid_rows(self, a: Column) -> np.ndarray | None:
         """Which rows have a value in column `a` (None: every op row has one)."""
         if a.null_count == 0:
             return None
         valid = _bools(pc.is_valid(a))
-        return None if bool(np.all(valid | ~is_op)) else valid
+        return None if bool(np.all(valid | ~self.is_op)) else valid
 
-    def first_valid(a: Column) -> tuple[np.ndarray, np.ndarray | None]:
+    def first_valid(self, a: Column) -> tuple[np.ndarray, np.ndarray | None]:
         """Per op: its first event where column `a` is not null, and the ops that have none (None: no such op)."""
-        valid = valid_rows(a)
+        valid = self.valid_rows(a)
         if valid is None:
-            return first, None
-        if not np.any(valid & is_op):
-            return first, all_missing
-        m = reduce(np.minimum, np.where(valid, np.arange(n), n))
-        missing = m == n
-        return np.minimum(m, n - 1), (missing if missing.any() else None)
+            return self.first, None
+        if not np.any(valid & self.is_op):
+            return self.first, np.ones(self.n_groups, dtype=bool)
+        m = self.reduce(np.minimum, np.where(valid, np.arange(self.n), self.n))
+        missing = m == self.n
+        return np.minimum(m, self.n - 1), (missing if missing.any() else None)
 
-    def last_valid(a: Column) -> tuple[np.ndarray, np.ndarray | None]:
-        valid = valid_rows(a)
+    def last_valid(self, a: Column) -> tuple[np.ndarray, np.ndarray | None]:
+        """Per op: its last event where column `a` is not null, and the ops that have none (None: no such op)."""
+        valid = self.valid_rows(a)
         if valid is None:
-            return last, None
-        if not np.any(valid & is_op):
-            return last, all_missing
-        m = reduce(np.maximum, np.where(valid, np.arange(n), -1))
+            return self.last, None
+        if not np.any(valid & self.is_op):
+            return self.last, np.ones(self.n_groups, dtype=bool)
+        m = self.reduce(np.maximum, np.where(valid, np.arange(self.n), -1))
         missing = m < 0
         return np.maximum(m, 0), (missing if missing.any() else None)
 
-    # per-event flags as bits, OR-ed per op in one pass: enter, exit, error, complete, async, capturing
-    kind = _codes(col("kind"), ["enter", "exit", "error", "complete"])
-    is_enter = kind == 0
-    bits = np.array([1, 2, 4, 8, 128], dtype=np.uint8)[kind]  # kind -1 (other) -> the last entry, bit 7
-    bits |= _bools(col("async_op")).view(np.uint8) << 4
-    bits |= _bools(col("capturing")).view(np.uint8) << 5
-    anybits = reduce(np.bitwise_or, bits)
-    issued, returned, errored, complete_row, async_op, capturing = ((anybits >> k) & 1 == 1 for k in range(6))
+    def flags(self, kind: np.ndarray, col: Callable[[str], Column]) -> tuple[np.ndarray, ...]:
+        """Per op (issued, returned, errored, complete_row, async_op, capturing): whether any of its events is an
+        enter / exit / error / complete (`kind`: those codes 0-3 per row, -1 other), or marked async / capturing —
+        one pass, the six as bits OR-ed per op."""
+        bits = np.array([1, 2, 4, 8, 128], dtype=np.uint8)[kind]  # kind -1 (other) -> the last entry, bit 7
+        bits |= _bools(col("async_op")).view(np.uint8) << 4
+        bits |= _bools(col("capturing")).view(np.uint8) << 5
+        anybits = self.reduce(np.bitwise_or, bits)
+        return tuple((anybits >> k) & 1 == 1 for k in range(6))
 
-    def enter_min(name: str) -> tuple[np.ndarray, np.ndarray]:
-        """Earliest value of column `name` over each op's enter events, and the ops without one."""
-        a = col(name)
-        valid = valid_rows(a)
+    def enter_min(self, a: Column, is_enter: np.ndarray, issued: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Earliest value of column `a` over each op's enter events, and the ops without one (`issued`: the ops
+        with an enter)."""
+        valid = self.valid_rows(a)
         ok = is_enter if valid is None else is_enter & valid
         v = _ints(pc.fill_null(a, 0) if a.null_count else a)
         v = v if v.flags.writeable else v.copy()
         np.putmask(v, ~ok, np.iinfo(np.int64).max)
-        has = issued if valid is None else reduce(np.logical_or, ok)
-        return reduce(np.minimum, v), ~has
+        has = issued if valid is None else self.reduce(np.logical_or, ok)
+        return self.reduce(np.minimum, v), ~has
 
-    t_enter, t_missing = enter_min("t_ns")
-    wall_enter, wall_missing = enter_min("wall_ns")
-    sources: dict[str, Column] = {name: col(name) for name in _FIRST_COLS + ("state",)}
-    sources.update(src=src, dst=dst)
-    picks = {name: first_valid(a) for name, a in sources.items() if name != "state"}
-    picks["state"] = last_valid(sources["state"])
+    def pick_columns(self, sources: dict[str, Column], perm: np.ndarray) -> dict[str, Column]:
+        """Per op in output order (`perm`): each descriptive column's first non-null value, ``state``'s last."""
+        picks = {name: self.first_valid(a) for name, a in sources.items() if name != "state"}
+        picks["state"] = self.last_valid(sources["state"])
+        rows_of: dict[int, np.ndarray] = {}
 
-    g_rank, g_chan, g_seq = r[first], c[first], s[first]  # ops are in (rank, chan, seq) order here
+        def picked(name: str) -> Column:
+            idx, missing = picks[name]
+            if id(idx) not in rows_of:  # most columns share `first`
+                rows_of[id(idx)] = idx[perm]
+            return _take(sources[name], rows_of[id(idx)], None if missing is None else missing[perm])
+
+        return {name: picked(name) for name in _FIRST_COLS + ("src", "dst", "state")}
+
+
+def _channel_seq_max(g_rank: np.ndarray, g_chan: np.ndarray, g_seq: np.ndarray) -> np.ndarray:
+    """Per op (ops in (rank, chan, seq) order): the highest seq its rank issued on its channel."""
     new_pair = np.concatenate(([True], (g_rank[1:] != g_rank[:-1]) | (g_chan[1:] != g_chan[:-1])))
-    seq_max = np.maximum.reduceat(g_seq, np.flatnonzero(new_pair))[np.cumsum(new_pair) - 1]
+    return np.maximum.reduceat(g_seq, np.flatnonzero(new_pair))[np.cumsum(new_pair) - 1]
 
-    perm = _op_order(g_rank, t_enter, t_missing, first)  # from here on, every per-op array is in output order
-    rows_of: dict[int, np.ndarray] = {}
 
-    def picked(name: str) -> Column:
-        idx, missing = picks[name]
-        if id(idx) not in rows_of:  # most columns share `first`
-            rows_of[id(idx)] = idx[perm]
-        return _take(sources[name], rows_of[id(idx)], None if missing is None else missing[perm])
-
-    out = {name: picked(name) for name in _FIRST_COLS + ("src", "dst", "state")}
-    issued, returned, errored, complete_row, async_op, capturing = (
-        x[perm] for x in (issued, returned, errored, complete_row, async_op, capturing))
+def _completed(out: dict[str, Column], seq: np.ndarray, seq_max: np.ndarray, returned: np.ndarray,
+               errored: np.ndarray, complete_row: np.ndarray, async_op: np.ndarray) -> np.ndarray:
+    """Per op (all arrays in output order): did it finish? A call that returned is not an op that finished:
+    1. a ``complete`` row (Flight Recorder state completed, CUDA event, kernel end) completes the op;
+    2. on gloo a blocking call that *returned* (``exit``) has finished — gloo does the work inside the call;
+    3. on gloo, an op followed by a later op on the same channel of the same rank has finished (FR's gloo entries
+       stay "scheduled" forever); the same inference is made for sources that never report completion at all
+       (NCCL COLL log lines, watchdog lines, our hooks on NCCL): the wait-for engine then looks at the last op
+       each rank issued, where ranks diverge;
+    4. nothing else: an NCCL ``exit`` means enqueued; ``error`` means the call failed (a timeout) — not done.
+    """
     gloo = _bools(pc.is_in(out["backend"], value_set=pa.array(BLOCKING_COMPLETE_BACKENDS)))
     no_completion_info = _bools(pc.is_in(out["source"], value_set=pa.array(NO_COMPLETION_SOURCES)))
     completed = complete_row | (returned & gloo & ~async_op)
     # rule 3: on gloo, a later op on the same channel of the same rank means this one finished
-    superseded = (g_seq[perm] < seq_max[perm]) & (gloo | no_completion_info)
-    completed = (completed | superseded) & ~(errored & ~complete_row)
-    out.update({
-        "rank": pa.array(g_rank[perm], pa.int32()), "chan": chan_dict.take(pa.array(g_chan[perm])),
-        "seq": pa.array(g_seq[perm], pa.int64()),
-        "t_enter": pa.array(t_enter[perm], mask=t_missing[perm]),
-        "wall_enter": pa.array(wall_enter[perm], mask=wall_missing[perm]),
-        "issued": pa.array(issued | complete_row), "returned": pa.array(returned), "errored": pa.array(errored),
-        "completed": pa.array(completed), "async_op": pa.array(async_op), "capturing": pa.array(capturing),
-    })
-    return pa.table({name: out[name] if out[name].type == OPS.field(name).type else out[name].cast(OPS.field(name).type)
-                     for name in OPS.names}, schema=OPS)
+    superseded = (seq < seq_max) & (gloo | no_completion_info)
+    return (completed | superseded) & ~(errored & ~complete_row)
 
 
 def last_issued(ops: pa.Table) -> dict[int, dict]:
@@ -326,27 +370,6 @@ def last_issued(ops: pa.Table) -> dict[int, dict]:
     return {r["rank"]: r for r in picked}
 
 
-@dataclass(frozen=True)
-class OpenSpan:
-    """An ENTER with no EXIT/ERROR yet: what a rank is inside right now (or was when it died)."""
-
-    rank: int | None
-    pid: int | None
-    tid: int | None
-    name: str
-    category: str
-    group: str | None
-    seq: int | None
-    t_ns: int | None
-    callsite: str | None
-    capturing: bool
-    graph_id: int | None
-    source: str | None
-    file: str | None
-    line: int | None
-    detail: str | None
-
-
 def _take_rows(table: pa.Table, idx: np.ndarray) -> pa.Table:
     """Rows `idx` of a table; a few rows are sliced out (``take`` on many-chunk columns copies whole columns)."""
     if idx.size > 256:
@@ -358,10 +381,12 @@ _OPEN_COLS = ["rank", "pid", "tid", "name", "category", "group", "seq", "t_ns", 
               "source", "file", "line", "detail"]
 
 
-def open_spans(events: pa.Table) -> list[OpenSpan]:
-    """Spans opened (enter) and never closed, from sources that record exits (span_id set), in time order."""
-    rows = _take_rows(events.select(_OPEN_COLS), open_enter_rows(events)).sort_by("t_ns").to_pylist()
-    return [OpenSpan(**{**r, "capturing": bool(r["capturing"])}) for r in rows]
+def open_spans(events: pa.Table, rows: np.ndarray | None = None) -> list[OpenSpan]:
+    """Spans opened (enter) and never closed, from sources that record exits (span_id set), in time order.
+    `rows`: ``open_enter_rows(events)`` when the caller already has it."""
+    idx = open_enter_rows(events) if rows is None else rows
+    picked = _take_rows(events.select(_OPEN_COLS), idx).sort_by("t_ns").to_pylist()
+    return [OpenSpan(**{**r, "capturing": bool(r["capturing"])}) for r in picked]
 
 
 def open_enter_rows(events: pa.Table) -> np.ndarray:

@@ -9,7 +9,7 @@ and never leave it, so the verdict must be ``missing_ranks`` with that rank as t
 
 Two copies are analyzed: ``fin/`` (``tracer.finalize.finalize_host_dir`` -> events.arrow, meta.json with the
 exit of an ``--on-hang kill`` run) and ``live/`` (rings only, no exit: a job still hung). Each is timed with
-``analyzers.facade.analyze_paths([run_dir])``, median of ``--repeat``. Absolute seconds depend on the machine and
+``analyzers.facade.analyze([run_dir], liveness=None)``, median of ``--repeat``. Absolute seconds depend on the machine and
 its load, so a baseline is measured in the same run: reading events.arrow into memory with pyarrow (a copying
 read, not a zero-copy map) — the printed ratio is analyze time / baseline time. Each analyze line also gives every
 run's wall time (the first one in a process pays for fresh memory, which costs a lot in some VMs) and the CPU time.
@@ -164,7 +164,7 @@ def _profile(run_dir: Path, top: int) -> None:
 
     pr = cProfile.Profile()
     pr.enable()
-    facade.analyze_paths([run_dir])
+    facade.analyze([run_dir], liveness=None)
     pr.disable()
     print(f"--- profile: {run_dir.name} ---")
     pstats.Stats(pr).sort_stats("cumulative").print_stats(top)
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
               f"= {n / d['write_s'] / 1e6:.2f} M events/s")
         print(f"finalize (rings -> events.arrow): {d['finalize_s']:.2f} s = {n / d['finalize_s'] / 1e6:.2f} M events/s")
         arrow = d["fin"] / HOST / "events.arrow"
-        runs = {label: _timed(lambda label=label: facade.analyze_paths([d[label]]), args.repeat)
+        runs = {label: _timed(lambda label=label: facade.analyze([d[label]], liveness=None), args.repeat)
                 for label in ("fin", "live")}
         # the baseline runs last, so that its memory does not pre-warm the analyses
         walls, _cpu, tbl = _timed(lambda: _read_arrow(arrow), args.repeat)

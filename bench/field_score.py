@@ -48,7 +48,7 @@ def analyze_case(case: dict[str, Any], inproc: bool) -> dict[str, Any]:
         from ranktrace.analyzers import facade
 
         try:
-            return facade.analyze_paths([Path(f) for f in files]).to_dict()
+            return facade.analyze([Path(f) for f in files], liveness=None).verdict.to_dict()
         except Exception as e:  # a crash is a wrong answer, never a crashed scorer
             return {"status": "error", "kind": f"{type(e).__name__}: {e}"}
     res = subprocess.run([sys.executable, "-m", "ranktrace.cli", "analyze", "--json", "--no-snapshot", *files],

@@ -1,15 +1,16 @@
-"""Command line: ``trace run``, ``trace analyze`` (and ``ranktrace`` as an alias).
-
-Only this module maps outcomes to exit codes and writes to the terminal (style.md point 11). Exit codes
-(DESIGN §5): ``trace analyze`` 0 no hang, 3 hang or crash diagnosed, 4 inconclusive, 2 usage/input error;
-``trace run`` returns the job's own status (128+N for signal N), and says so on one stderr line.
-"""
+"""The `trace` / `ranktrace` command (run, analyze, attach, snapshot, compare, --version): the only place that
+writes to the terminal and maps outcomes to exit codes. Commands import what they use when they run."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from ranktrace.analyzers.model import Analysis
+    from ranktrace.analyzers.verdict import Verdict
 
 __all__ = ["main"]
 
@@ -37,7 +38,18 @@ def _one_line_errors(fn):  # type: ignore[no-untyped-def]
     return wrapper
 
 
+def _print_versions(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from ranktrace.versions import versions_text
+
+    click.echo(versions_text())
+    ctx.exit()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_versions,
+              help="Print the versions of ranktrace, torch and its NCCL, and python, and exit.")
 def main() -> None:
     """ranktrace: which collective, graph capture or init step never returned, on which ranks, and why."""
 
@@ -104,7 +116,7 @@ def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll
     except Exception as e:  # the job's status must come through whatever happens to us
         _err(f"could not finalize the trace in {outcome.host_dir}: {type(e).__name__}: {e}")
     if analyze:  # after --on-hang kill the hang report was already printed: only refresh verdict.json/report.html
-        _analyze_after_run(outcome.run_dir, show=not outcome.killed_on_hang)
+        _refresh_after_run(outcome.run_dir, show=not outcome.killed_on_hang)
         if (outcome.run_dir / "report.html").exists():
             _err(f"the verdict with a timeline of every rank: {outcome.run_dir / 'report.html'}")
     if outcome.killed_on_hang:
@@ -115,24 +127,35 @@ def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll
     sys.exit(outcome.exit_code)
 
 
-def _analyze_after_run(run_dir: Path, show: bool = True) -> None:
-    try:
-        from ranktrace.analyzers import facade
-        from ranktrace.analyzers.report import text_report
+def _refresh(run_dir: Path) -> Analysis:
+    """verdict.json and report.html of a run dir, analyzed now with what is alive of its job on this machine."""
+    from ranktrace.analyzers import facade
+    from ranktrace.tracer.watch import live
 
-        result = facade.analyze_with_timeline([run_dir])
-        problem = facade.write_run_files(run_dir, result)
+    refreshed = facade.refresh_run(run_dir, live.liveness([run_dir]))
+    if refreshed.problem:
+        _err(refreshed.problem)
+    return refreshed.analysis
+
+
+def _show_verdict(verdict: Verdict, as_json: bool, err: bool = False) -> None:
+    from ranktrace.analyzers.report import json_report, text_report
+
+    click.echo(json_report.render(verdict) if as_json else text_report.render(verdict), err=err)
+
+
+def _refresh_after_run(run_dir: Path, show: bool = True) -> None:
+    try:
+        analysis = _refresh(run_dir)
         if show:
-            click.echo(text_report.render(result.verdict), err=True)
-        if problem:
-            _err(problem)
+            _show_verdict(analysis.verdict, as_json=False, err=True)
     except Exception as e:
         _err(f"analysis failed: {type(e).__name__}: {e}")
 
 
 @main.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON (DESIGN §5 contract).")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON (the verdict.json contract).")
 @click.option("--perfetto", type=click.Path(path_type=Path), default=None,
               help="Also write a Chrome-trace JSON timeline (open in ui.perfetto.dev); an existing file is refused.")
 @click.option("--html", "html_out", type=click.Path(path_type=Path), default=None,
@@ -144,7 +167,8 @@ def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None, html_
             snapshot: bool) -> None:
     """Analyze a trace directory, or any folder/files of logs and dumps, and print one verdict."""
     from ranktrace.analyzers import facade
-    from ranktrace.analyzers.report import html_report, json_report, perfetto_report, text_report
+    from ranktrace.analyzers.report import html_report, perfetto_report
+    from ranktrace.tracer.watch import live
 
     for out in (perfetto, html_out):
         if out is not None and out.exists():  # nothing a user has is ever overwritten: say so before the work
@@ -153,17 +177,16 @@ def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None, html_
     if perfetto is not None and html_out is not None and perfetto.resolve() == html_out.resolve():
         _err(f"--perfetto and --html name the same file {perfetto}")
         sys.exit(EXIT_USAGE)
+    dirs = [p for p in paths if p.is_dir()]
     if snapshot:
-        from ranktrace.tracer.watch import live
-
         try:
-            for problem in live.snapshot_live([p for p in paths if p.is_dir()]):
+            for problem in live.snapshot_live(dirs):
                 _err(problem)
         except Exception as e:  # a failed snapshot must not stop the analysis of what is on disk
             _err(f"live snapshot skipped: {type(e).__name__}: {e}")
 
     try:
-        result = facade.analyze_with_timeline(list(paths))
+        result = facade.analyze(list(paths), liveness=live.liveness(dirs))
     except facade.InputError as e:
         _err(str(e))
         sys.exit(EXIT_USAGE)
@@ -190,7 +213,7 @@ def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None, html_
         except OSError as e:
             _err(f"cannot write {out}: {e.strerror or e}")
             sys.exit(EXIT_USAGE)
-    click.echo(json_report.render(verdict) if as_json else text_report.render(verdict))
+    _show_verdict(verdict, as_json)
     sys.exit(facade.exit_code(verdict))
 
 
@@ -205,7 +228,6 @@ def attach(pids: tuple[int, ...], out_base: Path, as_json: bool) -> None:
     import os as _os
 
     from ranktrace.analyzers import facade
-    from ranktrace.analyzers.report import json_report, text_report
     from ranktrace.tracer.launch import attach as attach_mod
 
     missing = [p for p in pids if not _os.path.exists(f"/proc/{p}")]
@@ -215,12 +237,8 @@ def attach(pids: tuple[int, ...], out_base: Path, as_json: bool) -> None:
     res = attach_mod.attach(list(pids), out_base)
     for problem in res.problems:
         _err(problem)
-    result = facade.analyze_with_timeline([res.run_dir])
-    verdict = result.verdict
-    problem = facade.write_run_files(res.run_dir, result)
-    if problem:
-        _err(problem)
-    click.echo(json_report.render(verdict) if as_json else text_report.render(verdict))
+    verdict = _refresh(res.run_dir).verdict
+    _show_verdict(verdict, as_json)
     _err(f"attached to {len(res.pids)} process(es); evidence in {res.run_dir}")
     sys.exit(facade.exit_code(verdict))
 
@@ -233,7 +251,6 @@ def snapshot(run_dir: Path, as_json: bool) -> None:
     """Force a capture burst on a running `trace run`, print the verdict now, and refresh <run>/verdict.json and
     <run>/report.html as the watchdog does."""
     from ranktrace.analyzers import facade
-    from ranktrace.analyzers.report import json_report, text_report
     from ranktrace.tracer.watch import live
 
     hosts = live.host_dirs(run_dir)
@@ -242,12 +259,8 @@ def snapshot(run_dir: Path, as_json: bool) -> None:
         sys.exit(EXIT_USAGE)
     for problem in live.snapshot_live([run_dir], reason="trace snapshot"):
         _err(problem)
-    result = facade.analyze_with_timeline([run_dir])
-    verdict = result.verdict
-    problem = facade.write_run_files(run_dir, result)
-    if problem:
-        _err(problem)
-    click.echo(json_report.render(verdict) if as_json else text_report.render(verdict))
+    verdict = _refresh(run_dir).verdict
+    _show_verdict(verdict, as_json)
     sys.exit(facade.exit_code(verdict))
 
 
@@ -263,9 +276,10 @@ def compare(a: Path, b: Path, as_json: bool) -> None:
     from ranktrace.analyzers import compare as compare_mod
     from ranktrace.analyzers import facade
     from ranktrace.analyzers.report import compare_text
+    from ranktrace.tracer.watch import live
 
     try:
-        c = compare_mod.compare_paths(a, b)
+        c = compare_mod.compare_paths(a, b, liveness=live.liveness([a, b]))
     except facade.InputError as e:
         _err(str(e))
         sys.exit(EXIT_USAGE)

@@ -23,7 +23,7 @@ SCEN = REPO / "tests" / "data" / "scenarios"
 
 
 def verdict_of(*paths: Path) -> dict:
-    return facade.analyze_paths(list(paths)).to_dict()
+    return facade.analyze(list(paths), liveness=None).verdict.to_dict()
 
 
 def brief(v: dict) -> tuple:
@@ -209,7 +209,7 @@ def test_every_scenario_verdict_round_trips_and_renders():
             self.open.pop()
 
     for d in sorted(p for p in SCEN.iterdir() if p.is_dir()):
-        result = facade.analyze_with_timeline([d])
+        result = facade.analyze([d], liveness=None)
         v = result.verdict
         again = Verdict.from_dict(json.loads(json_report.render(v)))
         assert again == v, d
@@ -235,7 +235,7 @@ def test_report_html_escapes_what_came_from_the_trace():
 
     from ranktrace.analyzers.report import text_report
 
-    result = facade.analyze_with_timeline([SCEN / "nsys_open_range"])
+    result = facade.analyze([SCEN / "nsys_open_range"], liveness=None)
     evil = "<script>alert(1)</script>[/x]:bug:"
     ev = result.events
     for col in ("callsite", "error", "name"):
@@ -270,7 +270,7 @@ def test_report_html_draws_phase_marks_of_a_server_log():
     """A serving engine's log has phases, not ops: the page still shows each rank's lane with its phase marks."""
     from ranktrace.analyzers.report import html_report
 
-    page = html_report.render(facade.analyze_with_timeline([SCEN / "server_log_graph_registration"]))
+    page = html_report.render(facade.analyze([SCEN / "server_log_graph_registration"], liveness=None))
     marks = re.findall(r'<path [^>]*><title>rank (\d+): ([^<]*)</title>', page)
     assert ("0", "dist_init_begin") in marks and "No timed op records" not in page
 
@@ -280,20 +280,24 @@ def test_report_html_timeline_window_and_outline():
     another rank's later phase mark), a phase open since the start does not squeeze the ops into a pixel, and an
     operation without a seq (an init) outlines its open calls."""
     import dataclasses
-    from types import SimpleNamespace
 
     from ranktrace.analyzers import schema
+    from ranktrace.analyzers.model import Analysis, JobStatus
+    from ranktrace.analyzers.timeline import OPS, open_enter_rows
     from ranktrace.analyzers.report import html_report
     from ranktrace.analyzers.verdict import Operation
 
-    base = facade.analyze_with_timeline([SCEN / "nsys_open_range"]).verdict
+    base = facade.analyze([SCEN / "nsys_open_range"], liveness=None).verdict
     plain = dataclasses.replace(base, ranks={}, operation=None, culprit_ranks=(), waiting_ranks=())
 
     def page(rows: list[dict], verdict=plain) -> str:  # noqa: ANN001
         full = [{"source": "events", "file": "f", "host": "h", "pid": r["rank"], "tid": 1, "wall_ns": r["t_ns"], **r}
                 for r in rows]
-        result = SimpleNamespace(verdict=verdict, events=schema.table_from_rows(schema.EVENTS, full), ops=None,
-                                 inputs=SimpleNamespace(stacks=schema.table_from_rows(schema.STACKS, [])))
+        events = schema.table_from_rows(schema.EVENTS, full)
+        result = Analysis(verdict=verdict, events=events, ops=schema.empty(OPS), stacks=schema.empty(schema.STACKS),
+                          observations=schema.empty(schema.OBSERVATIONS), open_spans=(),
+                          open_rows=tuple(int(i) for i in open_enter_rows(events)),
+                          job=JobStatus(False, False, None, None), liveness=None)
         return html_report.render(result)
 
     def bars(text: str) -> list[tuple[float, float, str]]:
@@ -333,7 +337,7 @@ def test_run_files_keep_the_verdict_when_the_page_fails(tmp_path: Path, monkeypa
     verdict stays beside the new one."""
     from ranktrace.analyzers.report import html_report
 
-    result = facade.analyze_with_timeline([SCEN / "nsys_open_range"])
+    result = facade.analyze([SCEN / "nsys_open_range"], liveness=None)
     assert facade.write_run_files(tmp_path, result) is None
     assert (tmp_path / "report.html").read_text().startswith("<!doctype html>")
 

@@ -1,10 +1,5 @@
-"""Diagnose: rules -> findings -> one verdict (DESIGN §5). The ordered rule list below *is* the priority.
-
-Each rule answers one question and returns candidates (a proposed verdict plus findings with evidence). The first
-primary candidate becomes the verdict; every rule's findings are kept. Status (hang / crashed / completed / idle /
-inconclusive) is decided separately from kind, from what the job itself did (DESIGN §5: a hang aborted by a
-watchdog is ``crashed`` + ``missing_ranks``).
-"""
+"""Diagnose: rules -> findings -> one verdict. The ordered rule list below *is* the priority; the job's status
+(hang / crashed / completed / idle / inconclusive) is decided apart from the kind, from what the job itself did."""
 from __future__ import annotations
 
 from collections import Counter
@@ -33,8 +28,9 @@ RULES: list[Rule] = [init_hang, nccl_init_hang, graph_capture, mismatch, stated_
                      blocked_outside]
 
 
-def diagnose(inputs: Inputs, ctx: Context | None = None) -> Verdict:
-    ctx = ctx or build_context(inputs)
+def diagnose(ctx: Context) -> Verdict:
+    """One verdict from a built context (``build_context``): the first primary candidate, every rule's findings."""
+    inputs = ctx.inputs
     candidates: list[Candidate] = []
     for rule in RULES:
         candidates.extend(rule(ctx))
@@ -47,6 +43,7 @@ def diagnose(inputs: Inputs, ctx: Context | None = None) -> Verdict:
     findings: list[Finding] = [f for c in candidates for f in c.findings]
     findings.extend(_input_findings(inputs))
     findings.extend(_unknown_findings(ctx))
+    findings.extend(_job_state_findings(ctx))
     status = _status(ctx, primary)
     world = ctx.world
     unobserved = tuple(sorted(set(range(world)) - ctx.observed_ranks)) if world else ()
@@ -119,10 +116,13 @@ def _no_primary(ctx: Context, status: str) -> tuple[str, str, list[str]]:
         code = f"signal {job.signal}" if job.signal else f"status {job.exit_code}"
         return ("unknown", f"The job ended with {code}; no collective was left pending, so this is a crash, not a "
                 f"hang.", ["Read the job's stderr for the first exception or signal."])
-    if job.traced and job.local and not job.live_pids and not job.ended:
+    if job.traced and job.state == "gone":
         return ("unknown", "The run has no exit status and none of its processes is alive here: the trace is "
-                "incomplete (trace run killed, or analyzed on another host).", [])
-    return ("unknown", "Nothing pending and no stacks that show a blocked rank: not enough evidence for a verdict.",
+                "incomplete (trace run was killed with its job).", [])
+    unknown = " (job state unknown: no exit status, and nobody looked at its processes)" if (
+        job.traced and job.state == "unknown") else ""
+    return ("unknown", f"Nothing pending and no stacks that show a blocked rank: not enough evidence for a "
+            f"verdict{unknown}.",
             ["Capture stacks while it is hung (`trace attach PID`, or py-spy dump) and analyze again."])
 
 
@@ -141,7 +141,7 @@ def _rank_table(ctx: Context) -> dict[int, RankState]:
                 state = "in_collective"
             elif ctx.job.traced and ctx.job.ended:
                 state = "exited"
-            elif ctx.job.traced and ctx.job.local and ctx.rank_pids.get(r) and not any(
+            elif ctx.job.traced and ctx.job.liveness_known and ctx.rank_pids.get(r) and not any(
                     p in ctx.job.live_pids for p in ctx.rank_pids[r]):
                 state = "exited"
             else:
@@ -188,6 +188,19 @@ def _unknown_findings(ctx: Context) -> list[Finding]:
             "so it is not blamed for it",
             (rank,), 0.5, tuple(op_evidence(x) for x in ops[:3])))
     return out
+
+
+def _job_state_findings(ctx: Context) -> list[Finding]:
+    """An unfinished run whose processes nobody looked at (an offline analysis, another machine's run): its state
+    is unknown, said once, rather than read as "gone" or "running"."""
+    job = ctx.job
+    if not job.traced or job.state != "unknown":
+        return []
+    unfinished = [h for h in ctx.inputs.hosts if not h.ended]
+    return [Finding("job_state_unknown", "job state unknown: the run has no exit status and whether its processes "
+                    "are alive was not looked at (analyzed offline, or on another machine)", (), 1.0,
+                    tuple(Evidence("meta", str(h.host_dir / "meta.json"), None, "no exit status") for h in
+                          unfinished[:3]))]
 
 
 def _input_findings(inputs: Inputs) -> list[Finding]:

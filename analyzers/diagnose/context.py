@@ -1,11 +1,7 @@
-"""Everything the diagnose rules look at, computed once from the merged inputs.
-
-Rules never read files or the environment: they get a ``Context`` (tables, the wait-for graph, host states, job
-status) and return findings, so each can be tested on hand-built contexts.
-"""
+"""Everything the diagnose rules look at, computed once, so each rule is a function of a ``Context`` alone: no
+files, environment or process table (which processes are alive comes in as ``model.Liveness``)."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,23 +10,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ranktrace.analyzers import hoststate, schema, timeline, waitfor
+from ranktrace.analyzers.model import JobStatus, Liveness, OpenSpan
 from ranktrace.analyzers.readers.ranktrace_ring import RING_WRAPPED
 from ranktrace.analyzers.sources import Inputs
 
 __all__ = ["Context", "build_context", "JobStatus"]
-
-
-@dataclass(frozen=True)
-class JobStatus:
-    """What the ranktrace meta.json says about the job (None fields when inputs are foreign files)."""
-
-    traced: bool
-    ended: bool
-    exit_code: int | None
-    signal: int | None
-    live_pids: tuple[int, ...] = ()
-    local: bool = False  # the run's processes would be visible here (same host), so "not alive" means gone
-    killed_on_hang: bool = False  # ranktrace's --on-hang kill ended it: the job was hung, not crashed
 
 
 @dataclass
@@ -42,18 +26,19 @@ class Context:
     group_ranks: dict[str, tuple[int, ...]]
     world: int | None
     observed_ranks: set[int]
-    open_spans: list[timeline.OpenSpan]
+    open_spans: list[OpenSpan]
     stacks: dict[int, hoststate.RankStack]
     host_states: dict[int, str]
     phases: dict[int, str]
     job: JobStatus
+    open_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # of open_spans in events
     rank_pids: dict[int, tuple[int, ...]] = field(default_factory=dict)
     unranked_pids: tuple[int, ...] = ()   # traced processes that imported torch.distributed but never got a rank
     anon_stacks: list[hoststate.RankStack] = field(default_factory=list)  # processes dumped with no rank at all
 
-    def open_by_rank(self) -> dict[int, timeline.OpenSpan]:
+    def open_by_rank(self) -> dict[int, OpenSpan]:
         """Innermost (latest) open span per rank, preferring the rank's main process."""
-        out: dict[int, timeline.OpenSpan] = {}
+        out: dict[int, OpenSpan] = {}
         for s in self.open_spans:
             if s.rank is not None:
                 out[s.rank] = s
@@ -137,24 +122,20 @@ def _ras_events(obs: pa.Table) -> pa.Table:
     return schema.table_from_rows(schema.EVENTS, rows)
 
 
-def _job_status(inputs: Inputs) -> JobStatus:
+def _job_status(inputs: Inputs, liveness: Liveness | None) -> JobStatus:
+    """The job's fate from meta.json; which processes are alive from `liveness` alone. A host dir the capture side
+    did not look at (liveness None: an offline analysis; another machine's) leaves the state unknown."""
     if not inputs.hosts:
         return JobStatus(False, False, None, None)
     ended = all(h.ended for h in inputs.hosts)
     codes = [(h.meta or {}).get("exit") or {} for h in inputs.hosts]
     exit_code = max((c.get("exit_code") for c in codes if c.get("exit_code") is not None), default=None)
     sig = next((c.get("signal") for c in codes if c.get("signal")), None)
-    live: list[int] = []
-    host = os.uname().nodename
-    local = all((h.meta or {}).get("hostname") == host for h in inputs.hosts)
-    if not ended:
-        from ranktrace.tracer.watch import live as live_mod  # one rule for "alive": its ring's process, running, not a zombie
-
-        for h in inputs.hosts:
-            if (h.meta or {}).get("hostname") == host:
-                live.extend(live_mod.live_pids(h.host_dir))
+    seen = [None if liveness is None else liveness.pids_at(h.host_dir) for h in inputs.hosts]
+    known = all(pids is not None for pids in seen)
+    live = sorted({p for pids in seen if pids for p in pids}) if not ended else []
     killed = any(c.get("killed_on_hang") for c in codes)
-    return JobStatus(True, ended, exit_code, sig, tuple(sorted(set(live))), local, killed)
+    return JobStatus(True, ended, exit_code, sig, tuple(live), known, killed)
 
 
 def _group_ranks(events: pa.Table) -> dict[str, tuple[int, ...]]:
@@ -209,7 +190,9 @@ def _wrapped(events: pa.Table) -> frozenset[int]:
     return frozenset(r for r in marks["rank"].to_pylist() if r is not None)
 
 
-def build_context(inputs: Inputs) -> Context:
+def build_context(inputs: Inputs, liveness: Liveness | None) -> Context:
+    """Everything the rules need, once. `liveness`: which processes the capture side saw alive (None: nobody
+    looked, so an unfinished run's state is unknown)."""
     events = schema.concat(schema.EVENTS, [inputs.events, _ras_events(inputs.observations)])
     ops = timeline.build_ops(events)
     group_ranks = _group_ranks(events)
@@ -233,7 +216,7 @@ def build_context(inputs: Inputs) -> Context:
             observed.update(pc.unique(t["rank"].drop_null()).to_pylist())
     rank_pids: dict[int, set[int]] = {}
     unranked: set[int] = set()
-    job = _job_status(inputs)
+    job = _job_status(inputs, liveness)
     for h in inputs.hosts:
         for pid, info in ((h.meta or {}).get("pids") or {}).items():
             if info.get("rank") is not None:
@@ -257,10 +240,11 @@ def build_context(inputs: Inputs) -> Context:
     unranked -= parents  # mp.spawn / torchrun parents are launchers, not ranks
     stacks = hoststate.latest_stacks(inputs.stacks, _op_pids(events, rank_pids))
     host_states = {r: hoststate.classify(s.frames, s.thread_state) for r, s in stacks.items()}
+    open_rows = timeline.open_enter_rows(events)
     return Context(
         inputs=inputs, events=events, ops=ops, graph=waitfor.build_graph(ops, group_ranks, world, _wrapped(events)),
-        group_ranks=group_ranks, world=world, observed_ranks=observed, open_spans=timeline.open_spans(events),
-        stacks=stacks, host_states=host_states, phases=timeline.last_phase(events), job=job,
+        group_ranks=group_ranks, world=world, observed_ranks=observed, open_spans=timeline.open_spans(events, open_rows),
+        stacks=stacks, host_states=host_states, phases=timeline.last_phase(events), job=job, open_rows=open_rows,
         rank_pids={r: tuple(sorted(p)) for r, p in rank_pids.items()}, unranked_pids=tuple(sorted(unranked)),
         anon_stacks=hoststate.unranked_stacks(inputs.stacks) if not stacks else [],
     )

@@ -249,7 +249,7 @@ def _exited(ctx: Context, culprits: set[int], into: list[waitfor.Edge]) -> tuple
     if peer_errors and not timed_out:
         gone |= culprits
         ev.extend(op_evidence(e.op) for e in peer_errors[:4])
-    if ctx.job.traced and not ctx.job.ended and ctx.job.local:
+    if ctx.job.traced and not ctx.job.ended and ctx.job.liveness_known:
         for r in culprits:
             pids = ctx.rank_pids.get(r, ())
             if pids and not any(p in ctx.job.live_pids for p in pids):

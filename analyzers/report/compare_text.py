@@ -1,7 +1,7 @@
 """Text renderer for `trace compare` (a Comparison in, text out)."""
 from __future__ import annotations
 
-from ranktrace.analyzers.compare import Comparison
+from ranktrace.analyzers.model import Comparison
 
 __all__ = ["render", "EXTENSION", "BINARY"]
 

@@ -1,13 +1,6 @@
-"""``<run>/report.html``: the verdict and a timeline picture in one self-contained page (DESIGN §3).
-
-Why a page beside the terminal report: the person on call pastes a hang into a ticket or a chat; a single file
-with no scripts, fonts or requests outside it opens anywhere and shows what the text cannot — each rank's lane
-over time, the ops that never returned drawn to the end in red, the culprit's lane marked. Everything in it that
-came from the trace (op names, call sites, error texts, stacks, file paths) is HTML-escaped: a trace is data.
-
-Takes the (Verdict, tables) bundle that ``analyzers.facade.analyze_with_timeline`` returns; returns the page as a
-string and never opens files (the caller writes it).
-"""
+"""``<run>/report.html``: the verdict and each rank's timeline in one self-contained page (no scripts, nothing
+fetched) that opens wherever a hang gets pasted; everything that came from the trace is HTML-escaped. Takes an
+``Analysis``, returns the page as a string."""
 from __future__ import annotations
 
 import html
@@ -16,6 +9,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
+from ranktrace.analyzers.model import Analysis
 from ranktrace.analyzers.report.spans import Mark, Span, SpanSet, pair_spans
 from ranktrace.analyzers.verdict import Verdict, compact_ranks, operation_text
 
@@ -46,7 +40,7 @@ def _e(x: Any) -> str:
     return html.escape("" if x is None else str(x), quote=True)
 
 
-def _clock(result: Any) -> tuple[str, int]:
+def _clock(result: Analysis) -> tuple[str, int]:
     """The clock of the picture and how many timed rows it leaves out: wall_ns (comparable across hosts) unless
     more rows carry only the monotonic t_ns (one host's clock; Kineto or nsys without a session start)."""
     ev = result.events
@@ -114,11 +108,11 @@ def _is_hung_op(sp: Span, v: Verdict) -> bool:
     return sp.seq == op.seq if op.seq is not None else sp.open
 
 
-def _last_seen(result: Any, clock: str) -> int | None:
+def _last_seen(result: Analysis, clock: str) -> int | None:
     """The latest moment the inputs saw the job: stack samples and dumps are taken while it hangs, after its
     last op record, so open calls are drawn as long as they were seen open."""
-    st = getattr(result.inputs, "stacks", None)
-    if st is None or st.num_rows == 0 or clock not in st.schema.names:
+    st = result.stacks
+    if st.num_rows == 0 or clock not in st.schema.names:
         return None
     return pc.max(st[clock]).as_py()
 
@@ -247,11 +241,11 @@ def _findings(v: Verdict) -> str:
     return f"<h2>Evidence</h2><ul>{''.join(items)}</ul>"
 
 
-def render(result: Any) -> str:
-    v: Verdict = result.verdict
+def render(result: Analysis) -> str:
+    v = result.verdict
     clock, left_out = _clock(result)
     n_ranks = pc.count_distinct(result.events["rank"]).as_py() if result.events.num_rows else 0
-    ss = pair_spans(result.events, clock, tail=6 * _per_rank(max(n_ranks, len(v.ranks))))
+    ss = pair_spans(result.events, clock, tail=6 * _per_rank(max(n_ranks, len(v.ranks))), open_rows=result.open_rows)
     facts = []
     if v.operation is not None:
         facts.append(f"<b>operation:</b> {_e(operation_text(v.operation))}")

@@ -1,13 +1,12 @@
-"""Chrome trace-event JSON (opens in ui.perfetto.dev): a process per rank, a track per thread, flow arrows that
-join the same (group, seq) across ranks, and open slices (ops that never returned) drawn to the end of the trace.
-
-Trace-event format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU
-"""
+"""Chrome trace-event JSON for ui.perfetto.dev: a process per rank, a track per thread, flows joining the same
+(group, seq) across ranks, calls that never returned drawn to the end. Takes an ``Analysis``. Format:
+https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU"""
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from ranktrace.analyzers.model import Analysis
 from ranktrace.analyzers.report.spans import Span, pair_spans
 
 __all__ = ["render", "EXTENSION", "BINARY"]
@@ -16,7 +15,7 @@ EXTENSION = ".json"
 BINARY = False
 
 
-def render(result: Any) -> str:
+def render(result: Analysis) -> str:
     ss = pair_spans(result.events)
     out: list[dict[str, Any]] = []
     if not ss.ranks:

@@ -1,9 +1,5 @@
-"""Op spans for the timeline renderers: each ENTER paired with the EXIT / ERROR / COMPLETE that closes it.
-
-The Perfetto and HTML renderers both draw "what each rank was inside, and for how long"; the pairing rule (and the
-rule that a span never closed is drawn to the end of the trace, marked open) is one decision, made here once.
-Rows are paired in time order per the EVENTS table; marks (phases, ring-wrap notes) are passed through as points.
-"""
+"""Op spans for the timeline renderers: each ENTER paired with the EXIT / ERROR / COMPLETE that closes it, decided
+once for Perfetto and HTML (a span never closed is drawn to the end of the trace, marked open)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,8 +8,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from ranktrace.analyzers.timeline import dictionary_codes, open_enter_rows
 
 __all__ = ["Span", "Mark", "SpanSet", "pair_spans"]
 
@@ -90,13 +84,21 @@ def _tail_rows(group: np.ndarray, t: np.ndarray, tail: int) -> np.ndarray:
     return np.sort(order[from_end < tail])
 
 
-def pair_spans(events: pa.Table, clock: str = "t_ns", tail: int | None = None) -> SpanSet:
+def _source_codes(col: pa.ChunkedArray) -> np.ndarray:
+    """An int per distinct value of a string column (first-seen order), null -> -1."""
+    codes = pc.index_in(col, value_set=pc.unique(col).drop_null())
+    return np.asarray(pc.fill_null(codes, -1).to_numpy(), dtype=np.int64)
+
+
+def pair_spans(events: pa.Table, clock: str = "t_ns", tail: int | None = None,
+               open_rows: tuple[int, ...] = ()) -> SpanSet:
     """Pair the EVENTS rows that have a rank and a time on `clock` ("t_ns": one host's monotonic clock, exact
     within a host; "wall_ns": comparable across hosts).
 
-    `tail`: only the latest `tail` rows of each (rank, source), plus every enter of ours (span id) never closed —
-    a page that shows the end of a long run need not turn millions of rows into objects. A reader's enter without
-    a span id (nsys, Kineto, NCCL log) that never closed is found only among its source's latest rows."""
+    `tail`: only the latest `tail` rows of each (rank, source), plus the rows `open_rows` (``Analysis.open_rows``:
+    every enter of ours, with a span id, never closed) — a page that shows the end of a long run need not turn
+    millions of rows into objects. A reader's enter without a span id (nsys, Kineto, NCCL log) that never closed is
+    found only among its source's latest rows."""
     timed = np.asarray(pc.and_(pc.is_valid(events["rank"]), pc.is_valid(events[clock])).to_numpy(
         zero_copy_only=False), dtype=bool) if events.num_rows else np.zeros(0, dtype=bool)
     idx = np.flatnonzero(timed)
@@ -108,10 +110,10 @@ def pair_spans(events: pa.Table, clock: str = "t_ns", tail: int | None = None) -
     all_ranks = pc.unique(events["rank"].filter(pa.array(timed))).to_pylist()
     if tail is not None and idx.size > tail:
         # per (rank, source): a reader's dense rows (nsys kernels) never crowd out the rank's own ring records
-        source = dictionary_codes(events["source"])[0][idx].astype(np.int64) + 1  # null -> 0
+        source = _source_codes(events["source"])[idx] + 1  # null -> 0
         group = (rank - rank.min()) * (int(source.max()) + 1) + source
-        opened = open_enter_rows(events)
-        idx = np.union1d(idx[_tail_rows(group, t, tail)], opened[timed[opened]])  # both small
+        never_closed = np.asarray(open_rows, dtype=np.int64)
+        idx = np.union1d(idx[_tail_rows(group, t, tail)], never_closed[timed[never_closed]])  # both small
     ev = events.select(list(dict.fromkeys(_COLUMNS + (clock,)))).take(pa.array(idx))
     rows = ev.select(list(_COLUMNS) + [clock]).to_pylist()
     spans: list[Span] = []

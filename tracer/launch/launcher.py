@@ -187,18 +187,39 @@ def launch(
     log: Callable[[str], None] = lambda s: sys.stderr.write(f"[ranktrace] {s}\n"),
     show: Callable[[str], None] = lambda s: sys.stderr.write(s),
 ) -> RunOutcome:
-    """Run the command to completion under tracing. LaunchError for problems found before it starts."""
+    """Run the command to completion under tracing. LaunchError for problems found before it starts.
+
+    The steps: check and prepare (``_prepare``: nothing starts on a usage error) -> start the job (``_start``) ->
+    watch it until it exits (``_Job``, ``_supervise``) -> record its exit in meta.json (``_record_exit``)."""
+    run_dir, host_dir, plan = _prepare(opts)
+    fast_error = _fastpath_problem()
+    if fast_error:
+        log(f"compiled fast path unavailable ({fast_error}): each traced call costs ~2 us instead of < 1 us")
+    proc = _start(opts.command, plan.env)
+    # live status line (stderr on a TTY only); our own lines and reports erase it first
+    status = StatusLine(sys.stderr, enabled=None if monitor_opts else False)
+    log, show = status.wrap(log), status.wrap(show)
+    job = _Job(proc.pid, _start_monitor(run_dir, host_dir, monitor_opts, log, show), status, log)
+    returncode, gpu = _supervise(job, proc, tick_s)
+    _record_exit(host_dir, returncode, job, gpu.result(log), log)
+    return RunOutcome(exit_code_of(returncode), returncode, run_dir, host_dir, killed_on_hang=bool(job.killed),
+                      hang_detected=job.hang_detected)
+
+
+def _prepare(opts: RunOptions) -> tuple[Path, Path, envplan.EnvPlan]:
+    """Check the command, make ``<run>/<host>/``, plan the environment and write the first meta.json."""
     check_command(opts.command)
     run_dir, host_dir = prepare_run_dir(opts)
     plan = envplan.plan_environment(os.environ, host_dir, nccl_debug=opts.nccl_debug, nccl_coll=opts.nccl_coll,
                                     hooks=opts.hooks)
     m = meta.initial_meta(opts.command, os.environ, plan.added, host_dir.name, run_dir.name)
     meta.write_meta(host_dir, m)
+    return run_dir, host_dir, plan
 
-    fast_error = _fastpath_problem()
-    if fast_error:
-        log(f"compiled fast path unavailable ({fast_error}): each traced call costs ~2 us instead of < 1 us")
 
+def _start(command: Sequence[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Start the job in its own process group, with SIGTERM as its parent-death signal; we become a child
+    subreaper first, so its orphaned processes are re-parented to us."""
     libc = _libc()
     if libc is not None:
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -209,138 +230,176 @@ def launch(
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
     try:
-        proc = subprocess.Popen(list(opts.command), env=plan.env, preexec_fn=in_child)
+        return subprocess.Popen(list(command), env=env, preexec_fn=in_child)
     except OSError as e:
-        raise LaunchError(f"cannot run {opts.command[0]!r}: {e.strerror or e}") from e
-    pgid = proc.pid
-    received: list[int] = []
-    # live status line (stderr on a TTY only); our own lines and reports erase it first
-    status = StatusLine(sys.stderr, enabled=None if monitor_opts else False)
-    log, show = status.wrap(log), status.wrap(show)
-    mon: Monitor | None = None
-    if monitor_opts:
-        try:
-            mon = Monitor(run_dir, host_dir, monitor_opts, log=log, show=show)
-        except Exception as e:  # the watchdog must never take the job down
-            log(f"monitor could not start (monitoring off): {type(e).__name__}: {e}")
-    started = mon  # kept after a monitor error turns ticking off (its hang flag and GPU facts still count)
-    pending_interrupt: list[int] = []
+        raise LaunchError(f"cannot run {command[0]!r}: {e.strerror or e}") from e
 
-    def send(signum: int) -> None:
+
+def _start_monitor(run_dir: Path, host_dir: Path, opts: "MonitorOptions | None", log: Callable[[str], None],
+                   show: Callable[[str], None]) -> Monitor | None:
+    if not opts:
+        return None
+    try:
+        return Monitor(run_dir, host_dir, opts, log=log, show=show)
+    except Exception as e:  # the watchdog must never take the job down
+        log(f"monitor could not start (monitoring off): {type(e).__name__}: {e}")
+        return None
+
+
+class _Job:
+    """The running job as the wait loop sees it: its process group, the signals forwarded to it, the watchdog
+    ticking beside it, and --on-hang kill's SIGTERM-then-SIGKILL."""
+
+    def __init__(self, pgid: int, mon: Monitor | None, status: StatusLine, log: Callable[[str], None]) -> None:
+        self.pgid, self.status, self.log = pgid, status, log
+        self.mon = mon          # None once closed (a monitor error turns ticking off)
+        self.started = mon      # kept after that: its hang flag and GPU facts still count
+        self.received: list[int] = []            # signals forwarded (meta.json)
+        self.pending_interrupt: list[int] = []   # a first Ctrl-C held back until the capture is done
+        self.killed: list[float] = []            # when --on-hang kill sent SIGTERM, then SIGKILL
+        self.term: JobTerminal | None = None
+
+    @property
+    def hang_detected(self) -> bool:
+        return self.started is not None and self.started.hang_detected
+
+    def send(self, signum: int) -> None:
         try:
-            os.killpg(pgid, signum)
+            os.killpg(self.pgid, signum)
         except ProcessLookupError:
             pass
 
-    def forward(signum: int, _frame: object) -> None:
-        received.append(signum)
+    def forward(self, signum: int, _frame: object) -> None:
+        self.received.append(signum)
         # First Ctrl-C while the job is silent: capture first (<= 3 s), then forward; a second one goes at once.
-        if (signum == signal.SIGINT and mon is not None and not pending_interrupt and received.count(signal.SIGINT) == 1
-                and mon.silent_for() >= 3.0):
-            pending_interrupt.append(signum)
+        if (signum == signal.SIGINT and self.mon is not None and not self.pending_interrupt
+                and self.received.count(signal.SIGINT) == 1 and self.mon.silent_for() >= 3.0):
+            self.pending_interrupt.append(signum)
             return
-        send(signum)
+        self.send(signum)
 
-    def on_tick() -> None:
-        if pending_interrupt:
-            if received.count(signal.SIGINT) == 1:
-                log("Ctrl-C while the job is silent: capturing first (press Ctrl-C again to skip)")
-                try:
-                    mon.on_silence(mon.silent_for(), reason="ctrl-c")  # type: ignore[union-attr]
-                except Exception as e:
-                    log(f"capture failed: {type(e).__name__}: {e}")
-            pending_interrupt.clear()
-            send(signal.SIGINT)
+    def first_handover(self) -> None:
+        self.status.enabled = False
+        if self.mon is not None:
+            self.mon.interactive = "the job has the terminal"  # a person at a prompt is silent, not hung
+
+    def ticked(self) -> None:
+        assert self.term is not None
+        self.term.on_tick()
+        self.on_tick()
+
+    def on_tick(self) -> None:
+        if self.pending_interrupt:
+            self._interrupt()
             return
+        mon = self.mon
         if mon is None:
             return
         try:
             mon.tick()
         except Exception as e:  # the watchdog must never take the job down
-            log(f"monitor error (monitoring off): {type(e).__name__}: {e}")
-            _close_monitor()
+            self.log(f"monitor error (monitoring off): {type(e).__name__}: {e}")
+            self.close_monitor()
             return
         try:
-            status.update(mon.status_text)
+            self.status.update(mon.status_text)
         except Exception as e:
-            status.enabled = False
-            log(f"status line off: {type(e).__name__}: {e}")
-        if mon.kill_requested and not killed:
-            killed.append(time.monotonic())
-            log("--on-hang kill: terminating the job")
-            send(signal.SIGTERM)
-        elif killed and len(killed) == 1 and time.monotonic() - killed[0] > 5.0:
-            killed.append(time.monotonic())
-            log("the job ignored SIGTERM for 5 s: SIGKILL")
-            send(signal.SIGKILL)
+            self.status.enabled = False
+            self.log(f"status line off: {type(e).__name__}: {e}")
+        self._kill_if_asked(mon)
 
-    killed: list[float] = []
+    def _interrupt(self) -> None:
+        """The held-back first Ctrl-C: capture (unless a second one came meanwhile), then forward it."""
+        if self.received.count(signal.SIGINT) == 1:
+            self.log("Ctrl-C while the job is silent: capturing first (press Ctrl-C again to skip)")
+            try:
+                self.mon.on_silence(self.mon.silent_for(), reason="ctrl-c")  # type: ignore[union-attr]
+            except Exception as e:
+                self.log(f"capture failed: {type(e).__name__}: {e}")
+        self.pending_interrupt.clear()
+        self.send(signal.SIGINT)
 
-    def ticked() -> None:
-        term.on_tick()
-        on_tick()
+    def _kill_if_asked(self, mon: Monitor) -> None:
+        if mon.kill_requested and not self.killed:
+            self.killed.append(time.monotonic())
+            self.log("--on-hang kill: terminating the job")
+            self.send(signal.SIGTERM)
+        elif self.killed and len(self.killed) == 1 and time.monotonic() - self.killed[0] > 5.0:
+            self.killed.append(time.monotonic())
+            self.log("the job ignored SIGTERM for 5 s: SIGKILL")
+            self.send(signal.SIGKILL)
 
-    def _close_monitor() -> None:
-        nonlocal mon
-        m, mon = mon, None
+    def close_monitor(self) -> None:
+        m, self.mon = self.mon, None
         if m is not None:
             try:
                 m.close()
             except Exception as e:
-                log(f"monitor close failed: {type(e).__name__}: {e}")
+                self.log(f"monitor close failed: {type(e).__name__}: {e}")
 
-    previous = {s: signal.signal(s, forward) for s in FORWARDED}
-    gpu_box: dict[str, hostinfo.GpuInfo] = {}
-    # With the monitor, its NVML child (tracer.gpu_sampler) also answers the meta.json GPU facts: NVML is opened
-    # once per run, and its absence is said once.
-    gpu_child = started is not None and started.gpu is not None
-    gpu_thread = threading.Thread(target=lambda: gpu_box.setdefault("info", hostinfo.probe_gpus()), daemon=True)
-    if not gpu_child:
-        gpu_thread.start()
 
-    def first_handover() -> None:
-        status.enabled = False
-        if mon is not None:
-            mon.interactive = "the job has the terminal"  # a person at a prompt is silent, not hung
+class _GpuFacts:
+    """meta.json's GPU facts, gathered while the job runs. With the monitor, its NVML child answers them (NVML is
+    opened once per run, and its absence is said once); without it, a probe thread."""
 
-    term = JobTerminal(controlling_tty(), pgid, send, log, first_handover)
+    def __init__(self, mon: Monitor | None) -> None:
+        self.from_monitor = mon is not None and mon.gpu is not None
+        self.box: dict[str, hostinfo.GpuInfo] = {}
+        self.thread = threading.Thread(target=lambda: self.box.setdefault("info", hostinfo.probe_gpus()), daemon=True)
+        if not self.from_monitor:
+            self.thread.start()
 
-    hang_detected = False
+    def take_from(self, mon: Monitor, log: Callable[[str], None]) -> None:
+        """Before the monitor closes."""
+        if self.from_monitor:
+            self.box["info"] = _gpu_info_from(mon, log)
+
+    def result(self, log: Callable[[str], None]) -> hostinfo.GpuInfo | None:
+        if not self.from_monitor:
+            self.thread.join(timeout=5)
+        gpu = self.box.get("info")
+        if gpu is None and not self.from_monitor:
+            log("NVML did not answer within 5 s (wedged driver?): no GPU details in meta.json")
+        elif gpu is not None and gpu.unavailable and not self.from_monitor:
+            log(gpu.unavailable)
+        return gpu
+
+
+def _supervise(job: _Job, proc: subprocess.Popen[bytes], tick_s: float) -> tuple[int, _GpuFacts]:
+    """Forward signals, tick the watchdog and hand the terminal over until the job exits; then terminate what it
+    left behind and put the terminal, the signal handlers and the monitor back. Returns its returncode."""
+    previous = {s: signal.signal(s, job.forward) for s in FORWARDED}
+    gpu = _GpuFacts(job.started)
+    job.term = JobTerminal(controlling_tty(), job.pgid, job.send, job.log, job.first_handover)
     try:
-        returncode = _wait(proc.pid, ticked, tick_s, term.on_stop)
+        returncode = _wait(proc.pid, job.ticked, tick_s, job.term.on_stop)
         proc.returncode = returncode
-        _reap_leftovers(pgid)
+        _reap_leftovers(job.pgid)
     finally:
-        term.restore()  # the terminal and our modes are ours again, for the report and the shell after us
+        job.term.restore()  # the terminal and our modes are ours again, for the report and the shell after us
         for s, h in previous.items():
             signal.signal(s, h)
-        if started is not None:
-            hang_detected = started.hang_detected
-            if gpu_child:
-                gpu_box["info"] = _gpu_info_from(started, log)
-        _close_monitor()
-        status.clear()
-    if not gpu_child:
-        gpu_thread.join(timeout=5)
-    gpu = gpu_box.get("info")
-    if gpu is None and not gpu_child:
-        log("NVML did not answer within 5 s (wedged driver?): no GPU details in meta.json")
-    elif gpu is not None and gpu.unavailable and not gpu_child:
-        log(gpu.unavailable)
+        if job.started is not None:
+            gpu.take_from(job.started, job.log)
+        job.close_monitor()
+        job.status.clear()
+    return returncode, gpu
+
+
+def _record_exit(host_dir: Path, returncode: int, job: _Job, gpu: hostinfo.GpuInfo | None,
+                 log: Callable[[str], None]) -> None:
     try:
         meta.update_meta(
             host_dir,
             end_wall_ns=time.time_ns(),
             exit={"returncode": returncode, "exit_code": exit_code_of(returncode),
-                  "signal": -returncode if returncode < 0 else None, "signals_forwarded": received,
-                  "killed_on_hang": bool(killed)},
+                  "signal": -returncode if returncode < 0 else None, "signals_forwarded": job.received,
+                  "killed_on_hang": bool(job.killed)},
             gpus=gpu.gpus if gpu else [],
             driver={"version": gpu.driver, "cuda": gpu.cuda_driver} if gpu else None,
         )
     except (OSError, ValueError) as e:  # trace dir deleted or damaged under us: the job's status still counts
         log(f"could not update {host_dir / 'meta.json'}: {e}")
-    return RunOutcome(exit_code_of(returncode), returncode, run_dir, host_dir, killed_on_hang=bool(killed),
-                      hang_detected=hang_detected)
 
 
 def _gpu_info_from(mon: Monitor, log: Callable[[str], None]) -> hostinfo.GpuInfo | None:

@@ -1,7 +1,9 @@
-"""Is a trace directory's job still running here? If so, take a capture burst before analyzing it.
+"""Is a trace directory's job still running here? The one rule for "alive", and the capture burst it allows.
 
-`trace analyze RUN` on a job that is hung *now* should see where each rank is, not only what the rings say: the
-rings tell which op is open, the stacks tell what the rank that never issued it is doing instead.
+The analysis never looks at a process table: ``liveness`` looks here, on the job's own machine, and hands the
+answer to it as a plain value. `trace analyze RUN` on a job that is hung *now* should also see where each rank is,
+not only what the rings say: the rings tell which op is open, the stacks tell what the rank that never issued it
+is doing instead (``snapshot_live``).
 """
 from __future__ import annotations
 
@@ -12,11 +14,12 @@ import struct
 import time
 from pathlib import Path
 
+from ranktrace.analyzers.model import Liveness
 from ranktrace.tracer.watch import burst
 from ranktrace.tracer.launch import hostinfo
 from ranktrace.tracer import ringformat as rf
 
-__all__ = ["live_pids", "host_dirs", "snapshot_live"]
+__all__ = ["liveness", "live_pids", "host_dirs", "snapshot_live"]
 
 
 def host_dirs(path: Path) -> list[Path]:
@@ -27,6 +30,26 @@ def host_dirs(path: Path) -> list[Path]:
     return []
 
 
+def liveness(paths: list[Path]) -> Liveness:
+    """What is alive of the traced jobs under `paths`, for the analysis. Only host dirs of this machine are looked
+    at (meta.json names it); another machine's stay out of the answer, so their state reads as unknown."""
+    node = os.uname().nodename
+    seen: dict[str, frozenset[int]] = {}
+    for p in paths:
+        for hd in host_dirs(Path(p)) if Path(p).is_dir() else []:
+            if _meta(hd).get("hostname") == node:
+                seen[Liveness.key(hd)] = frozenset(live_pids(hd))
+    return Liveness(host=node, checked_at=time.time(), live_pids=seen)
+
+
+def _meta(host_dir: Path) -> dict:
+    try:
+        meta = json.loads((host_dir / "meta.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
 def live_pids(host_dir: Path) -> list[int]:
     """Pids of the job's traced processes that are alive on this machine (none once the job has ended).
 
@@ -35,10 +58,7 @@ def live_pids(host_dir: Path) -> list[int]:
     was SIGKILLed never wrote its exit: days later its pids may belong to unrelated processes, which must not be
     dumped and read as ranks. `trace attach` writes no rings: its meta.json pids count when they started before
     the attach. A zombie (killed, not yet reaped by whoever inherited it) is not alive."""
-    try:
-        meta = json.loads((host_dir / "meta.json").read_text())
-    except (OSError, ValueError):
-        meta = {}
+    meta = _meta(host_dir)
     if meta.get("exit") or meta.get("hostname") not in (None, os.uname().nodename):
         return []
     if host_dir.name.startswith(f"{socket.gethostname()}-") and host_dir.name != hostinfo.host_key():

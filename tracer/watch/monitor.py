@@ -15,8 +15,9 @@ which also feeds the live status line (rank count, last seq per group, quiet tim
 
 Silence = no progress for ``hang_after`` seconds (``startup_hang_after`` until the first collective was recorded:
 loading weights can take minutes). On silence: a burst into ``dumps/<timestamp>/`` (with two NCCL RAS answers when
-a RAS service listens: counts that still move mean NCCL is issuing work, so no hang is reported), an early one-line
-picture from the rings, then the full analysis, written to ``<run>/verdict.json`` and ``report.html``. ``on_hang`` decides what follows:
+a RAS service listens: counts that still move mean NCCL is issuing work, so no hang is reported), then the full
+analysis (``facade.refresh_run``: ``<run>/verdict.json`` and ``report.html``, with the pids alive now handed in),
+one line of who is inside what from it, and the verdict. ``on_hang`` decides what follows:
 ``report`` (keep watching, report again only when the picture changes), ``kill`` (terminate the job; `trace run`
 exits 3), ``wait`` (record only). A sampler that fails says so in one line and stops; the watchdog goes on.
 """
@@ -27,12 +28,16 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
+from ranktrace.analyzers.verdict import compact_ranks
 from ranktrace.tracer.watch import burst
 from ranktrace.tracer import ringformat
 
-__all__ = ["MonitorOptions", "Monitor", "ring_progress", "proc_counters"]
+if TYPE_CHECKING:
+    from ranktrace.analyzers.model import Analysis
+
+__all__ = ["MonitorOptions", "Monitor", "ring_progress", "proc_counters", "inside_line"]
 
 
 def _env_float(name: str, default: float) -> float:
@@ -405,9 +410,7 @@ class Monitor:
             self.state.last_progress = now
             self.state.hang_reported_at = None
             return
-        early = self.early_line()
-        self.log(f"{quiet:.0f} s silent: {early}" if early else f"{quiet:.0f} s silent")
-        picture = self.analyze()
+        picture = self.analyze(quiet)
         if self.opts.on_hang == "kill":
             self.hang_detected = True
             self.kill_requested = True
@@ -440,57 +443,26 @@ class Monitor:
             return True
         return False
 
-    def early_line(self) -> str:
-        """'ranks 0-2 in all_reduce group 0 seq 5; rank 3 in nothing' from the live rings, before the analysis."""
-        from ranktrace.analyzers import timeline
-        from ranktrace.analyzers.readers import ranktrace_ring
-        from ranktrace.analyzers.verdict import compact_ranks
+    def analyze(self, quiet: float) -> str | None:
+        """Full analysis now, verdict.json and report.html rewritten; one line of who is inside what, and the
+        verdict printed if the picture changed since the last report. Returns the picture (None: analysis failed)."""
+        # imported here, not at the top: `trace run` starts without loading the analysis (pyarrow and all)
+        from ranktrace.analyzers import facade
+        from ranktrace.analyzers.report import text_report
+        from ranktrace.tracer.watch import live
 
-        inside: dict[str, set[int]] = {}
-        idle: set[int] = set()
-        for ring in sorted((self.host_dir / "rings").glob("*.ring")):
-            try:
-                r = ranktrace_ring.read(ring)
-            except Exception:
-                continue
-            ev = r.events
-            ranks = [x for x in ev["rank"].to_pylist() if x is not None] if ev.num_rows else []
-            if not ranks:
-                continue
-            spans = timeline.open_spans(ev)
-            if spans:
-                s = spans[-1]
-                inside.setdefault(f"{s.name}" + (f" group {s.group} seq {s.seq}" if s.seq else ""), set()).add(
-                    ranks[0])
-            else:
-                idle.add(ranks[0])
-        def who(rs: set[int]) -> str:
-            return ("rank " if len(rs) == 1 else "ranks ") + compact_ranks(rs)
-
-        parts = [f"{who(rs)} in {what}" for what, rs in sorted(inside.items())]
-        if idle:
-            parts.append(f"{who(idle)} outside any traced op")
-        return "; ".join(parts)
-
-    def analyze(self) -> str | None:
-        """Full analysis now; print it if the picture changed since the last report; write verdict.json and
-        report.html."""
         try:
-            from ranktrace.analyzers import facade
-            from ranktrace.analyzers.report import text_report
-
-            result = facade.analyze_with_timeline([self.run_dir])
+            refreshed = facade.refresh_run(self.run_dir, live.liveness([self.run_dir]))
         except Exception as e:
+            self.log(f"{quiet:.0f} s silent")
             self.log(f"analysis failed: {type(e).__name__}: {e}")
             return None
-        v = result.verdict
+        line = inside_line(refreshed.analysis)
+        self.log(f"{quiet:.0f} s silent: {line}" if line else f"{quiet:.0f} s silent")
+        if refreshed.problem:  # disk full, run dir removed: said; the verdict is still printed and acted on
+            self.log(refreshed.problem)
+        v = refreshed.analysis.verdict
         picture = f"{v.kind}|{v.culprit_ranks}|{v.operation}"
-        try:
-            problem = facade.write_run_files(self.run_dir, result)
-        except OSError as e:  # disk full, run dir removed: say so; the verdict is still printed and acted on
-            problem = f"verdict.json not written: {e}"
-        if problem:
-            self.log(problem)
         if picture != self.state.reported:
             self.state.reported = picture
             try:
@@ -498,3 +470,21 @@ class Monitor:
             except Exception as e:  # the verdict is on disk; a report bug must not stop --on-hang
                 self.log(f"report failed: {type(e).__name__}: {e}")
         return picture
+
+
+def inside_line(analysis: Analysis) -> str:
+    """'ranks 0-2 in all_reduce group 0 seq 5; rank 3 outside any traced op': each observed rank's innermost open
+    call, as the analysis found it."""
+    inside: dict[str, set[int]] = {}
+    for rank, s in analysis.inside().items():
+        inside.setdefault(f"{s.name}" + (f" group {s.group} seq {s.seq}" if s.seq else ""), set()).add(rank)
+    v = analysis.verdict
+    outside = set(v.ranks) - set(analysis.inside()) - set(v.unobserved_ranks)
+
+    def who(rs: set[int]) -> str:
+        return ("rank " if len(rs) == 1 else "ranks ") + compact_ranks(rs)
+
+    parts = [f"{who(rs)} in {what}" for what, rs in sorted(inside.items())]
+    if outside:
+        parts.append(f"{who(outside)} outside any traced op")
+    return "; ".join(parts)
