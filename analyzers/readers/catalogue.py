@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ranktrace.analyzers.readers.horovod import signatures as _horovod
 from ranktrace.analyzers.readers.text import TextDoc
 
 __all__ = ["Family", "FAMILIES", "Scan", "scan"]
@@ -69,6 +70,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("nccl_ras", "ranktrace.analyzers.readers.nccl_ras", _rx(
         r"Job summary\s*$", r"Communicators\.{0,3}", r"#\d+-\d+ \([0-9a-f]{8,16}\) (?:MISMATCH|INCOMPLETE|ERROR)",
         r".{0,80}RAS Monitor Mode", r".{0,80}PEER_DEAD: Process \d+ on node")),
+    Family("horovod", "ranktrace.analyzers.readers.horovod", _rx(*_horovod.CATALOGUE)),
 )
 
 
