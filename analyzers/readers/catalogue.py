@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from ranktrace.analyzers.readers.horovod import signatures as _horovod
+from ranktrace.analyzers.readers.nccl_tests import signatures as _nccl_tests
 from ranktrace.analyzers.readers.text import TextDoc
 
 __all__ = ["Family", "FAMILIES", "Scan", "scan"]
@@ -71,6 +72,7 @@ FAMILIES: tuple[Family, ...] = (
         r"Job summary\s*$", r"Communicators\.{0,3}", r"#\d+-\d+ \([0-9a-f]{8,16}\) (?:MISMATCH|INCOMPLETE|ERROR)",
         r".{0,80}RAS Monitor Mode", r".{0,80}PEER_DEAD: Process \d+ on node")),
     Family("horovod", "ranktrace.analyzers.readers.horovod", _rx(*_horovod.CATALOGUE)),
+    Family("nccl_tests", "ranktrace.analyzers.readers.nccl_tests", _rx(*_nccl_tests.CATALOGUE), min_lines=2),
 )
 
 
