@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ranktrace.analyzers.readers.horovod import signatures as _horovod
 from ranktrace.analyzers.readers.nccl_tests import signatures as _nccl_tests
+from ranktrace.analyzers.readers.ps_top import signatures as _ps_top
 from ranktrace.analyzers.readers.text import TextDoc
 
 __all__ = ["Family", "FAMILIES", "Scan", "scan"]
@@ -73,6 +74,7 @@ FAMILIES: tuple[Family, ...] = (
         r".{0,80}RAS Monitor Mode", r".{0,80}PEER_DEAD: Process \d+ on node")),
     Family("horovod", "ranktrace.analyzers.readers.horovod", _rx(*_horovod.CATALOGUE)),
     Family("nccl_tests", "ranktrace.analyzers.readers.nccl_tests", _rx(*_nccl_tests.CATALOGUE), min_lines=2),
+    Family("ps_top", "ranktrace.analyzers.readers.ps_top", _rx(*_ps_top.CATALOGUE)),
 )
 
 
