@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ranktrace.analyzers.readers.env_versions import signatures as _env_versions
 from ranktrace.analyzers.readers.horovod import signatures as _horovod
 from ranktrace.analyzers.readers.nccl_tests import signatures as _nccl_tests
 from ranktrace.analyzers.readers.ps_top import signatures as _ps_top
@@ -75,6 +76,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("horovod", "ranktrace.analyzers.readers.horovod", _rx(*_horovod.CATALOGUE)),
     Family("nccl_tests", "ranktrace.analyzers.readers.nccl_tests", _rx(*_nccl_tests.CATALOGUE), min_lines=2),
     Family("ps_top", "ranktrace.analyzers.readers.ps_top", _rx(*_ps_top.CATALOGUE)),
+    Family("env_versions", "ranktrace.analyzers.readers.env_versions", _rx(*_env_versions.CATALOGUE)),
 )
 
 
