@@ -44,14 +44,18 @@ FAMILIES: tuple[Family, ...] = (
         r"Process \d+: ", r"Python v\d", r"Thread (?:0x[0-9A-Fa-f]+|\d+) \((?:idle|active\+gil|active|gil)\)",
         r".{0,80}Pyspy (?:dump for PID|failed)", r"All pyspy dump attempts failed",
         r"Permission Denied: Try running again", r"Error: Failed to (?:get process executable|find python version)",
-        r" {4}\S.{0,300}? \([^()\s][^()]{0,300}\.py:\d{1,7}\)\s*$"), min_lines=2),
+        r" {4}\S.{0,300}? \([^()\s][^()]{0,300}\.py:\d{1,7}\)\s*$",
+        r"\S.{0,300}? \([^()\s][^()]{0,300}\.py:\d{1,7}\)\s*$", r"[A-Za-z_][\w.<>]{0,120} \([\w./-]{1,300}$",
+        r"(?:\S{0,80}[$%#>] )?(?:sudo )?(?:\S{0,200}/)?py-spy dump\b"), min_lines=2),
     Family("faulthandler", "ranktrace.analyzers.readers.faulthandler", _rx(
         r"(?:Current thread|Thread) 0x[0-9A-Fa-f]+ (?:\[[^\]]{0,80}\] )?\(most recent call first\):",
         r"Stack \(most recent call first\):", r"Fatal Python error: ",
         r'\s+File "[^"]{1,400}", line \d+ in \S')),
     Family("gdb", "ranktrace.analyzers.readers.gdb", _rx(
         r"Thread \d+ \((?:Thread 0x[0-9a-fA-F]+ )?\(?LWP \d+\)", r"#\d+\s+0x[0-9a-fA-F]+ in \S",
-        r"#\d+\s+\S+ \(.{0,300}\) at \S+:\d+", r"Attaching to (?:program|process) "), min_lines=2),
+        r"#\d+\s+\S+ \(.{0,300}\) at \S+:\d+", r"Attaching to (?:program|process) ",
+        r"\*?\s{0,4}\d{1,6}\s{1,8}Thread 0x[0-9a-fA-F]{1,16} \(LWP \d", r"GNU gdb \(", r"Reading symbols from \S",
+        r"(?:\S{0,80}[$#%] )?(?:sudo )?(?:cuda-)?gdb\b.{0,200}?(?:-p|--pid|attach)\s{0,4}\d"), min_lines=2),
     Family("watchdog", "ranktrace.analyzers.readers.watchdog", _rx(
         r".{0,400}?WorkNCCL\(", r".{0,400}?[Ll]ast enqueued (?:\w+ )?work: -?\d"), needs="NCCL"),
     Family("nccl_log", "ranktrace.analyzers.readers.nccl_log", _rx(
