@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from ranktrace.analyzers.readers.env_versions import signatures as _env_versions
 from ranktrace.analyzers.readers.horovod import signatures as _horovod
 from ranktrace.analyzers.readers.nccl_tests import signatures as _nccl_tests
+from ranktrace.analyzers.readers.progress import signatures as _progress
 from ranktrace.analyzers.readers.ps_top import signatures as _ps_top
 from ranktrace.analyzers.readers.text import TextDoc
 
@@ -86,6 +87,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("nccl_tests", "ranktrace.analyzers.readers.nccl_tests", _rx(*_nccl_tests.CATALOGUE), min_lines=2),
     Family("ps_top", "ranktrace.analyzers.readers.ps_top", _rx(*_ps_top.CATALOGUE)),
     Family("env_versions", "ranktrace.analyzers.readers.env_versions", _rx(*_env_versions.CATALOGUE)),
+    Family("progress", "ranktrace.analyzers.readers.progress", _rx(*_progress.CATALOGUE)),
 )
 
 
