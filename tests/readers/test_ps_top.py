@@ -9,7 +9,7 @@ import pytest
 from ranktrace.analyzers.readers import catalogue, ps_top
 from ranktrace.analyzers.readers.base import ReaderError
 from ranktrace.analyzers.readers.text import Line, LinePrefix, TextDoc, open_text, text_of_bytes
-from tests.readers.shared_reader_checks import REPO, check_contract, check_field_map, rows
+from tests.readers.shared_reader_checks import REPO, check_contract, check_field_map
 
 DATA = REPO / "tests" / "data" / "readers" / "ps_top"
 FIELD = REPO / "tests" / "field"
@@ -58,7 +58,7 @@ def test_field_forest_three_defunct_workers() -> None:
     p = _procs(_read(FIELD / "returnn-1484" / "ps_tree.txt"))
     workers = [6472, 6473, 6474, 6475]
     assert [p[w]["name"] for w in workers] == ["defunct", None, "defunct", "defunct"]
-    assert all(f"ppid=6454" in p[w]["detail"] for w in workers)
+    assert all("ppid=6454" in p[w]["detail"] for w in workers)
 
 
 def test_field_sglang_orphans_and_gpu_listing() -> None:

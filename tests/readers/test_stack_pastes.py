@@ -3,7 +3,6 @@ frame tails, info threads, banners, pastes cut after attaching. Every thread's s
 the rank the file name / prefix / command line gives."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
