@@ -126,6 +126,16 @@ def test_wrong_elements_are_a_data_error() -> None:
     assert "#wrong 3 (out-of-place) at size 16" in res.observations.to_pylist()[0]["detail"]
 
 
+def test_the_tests_own_failure_line() -> None:
+    # nccl-tests#166's wording (common.h: "<host>: Test NCCL failure <file>:<line> '<error> / <last error>'")
+    doc = text_of_bytes("f.txt", (ROWS + "ubuntu: Test NCCL failure common.cu:958 'internal error - please report "
+                                         "this issue to the NCCL developers / '\n").encode())
+    res = nccl_tests.read_doc(doc)
+    (row,) = rows(res.observations, kind="exception")
+    assert (row["name"], row["line"]) == ("NcclTestsNcclFailure", 6)
+    assert "common.cu:958 'internal error" in row["detail"]
+
+
 def test_not_nccl_tests() -> None:
     with pytest.raises(ReaderError):
         nccl_tests.read_doc(text_of_bytes("x.txt", b"12 34 hello\nfoo\n"))

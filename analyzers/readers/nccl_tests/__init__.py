@@ -12,7 +12,8 @@ Rows (``source="nccl_tests"``, ``file``, ``line``):
 * OBSERVATIONS ``progress`` ``nccl_tests_size`` — when no summary is there: ``value`` = the size (bytes) of the last
   complete row, ``detail`` = that row.
 * OBSERVATIONS ``exception`` ``NcclTestsWrongData`` — a row with ``#wrong`` > 0, or ``Out of bounds values : N
-  FAILED``: the data NCCL delivered was wrong (``detail`` says where).
+  FAILED``: the data NCCL delivered was wrong (``detail`` says where); ``NcclTestsNcclFailure`` /
+  ``NcclTestsCudaFailure`` — the test's own ``Test NCCL failure common.cu:958 '<error>'`` line (the test exits).
 * EVENTS ``kind="enter"`` — the op that was running where the output stops: after the table header with no row
   (the warm-up at ``maxBytes`` never finished: ``nbytes`` = maxBytes), or after a row's size columns / its
   out-of-place part (``nbytes`` = that size). One per rank of the device list (``rank``, ``pid``, ``host``; one
@@ -58,7 +59,8 @@ FIELD_MAP: tuple[ColumnMap, ...] = (
 OBSERVATION_KINDS: dict[str, str] = {
     "completion": "name = nccl_tests_ok, detail = the summary",
     "progress": "name = nccl_tests_size, value = size of the last complete row, detail = the row",
-    "exception": "name = NcclTestsWrongData, detail = where #wrong > 0 or Out of bounds FAILED",
+    "exception": "name = NcclTestsWrongData (#wrong > 0, Out of bounds FAILED) | NcclTestsNcclFailure | "
+                 "NcclTestsCudaFailure ('Test NCCL failure file:line ...'), detail = where",
 }
 
 

@@ -21,6 +21,9 @@ def result(path: str, fmt: str, source: str, runs: list[Run], skipped: list[Skip
         base = {"source": source, "file": path}
         full = [r for r in run.rows if r.stop == "full"]
         last = run.rows[-1] if run.rows else None
+        for line, what, message in run.failures[:1]:   # the test stops at its first failed call
+            obs.append(dict(base, kind="exception", name=f"NcclTests{what.capitalize()}Failure", line=line,
+                            detail=f"by=nccl_tests Test {what} failure {message}"))
         for r in full:
             wrong = _wrong(r, run.has_root)
             if wrong:

@@ -50,11 +50,12 @@ class Run:
     has_root: bool | None = None       # the table has a root column (2.x); None: not known yet
     rows: list[Row] = field(default_factory=list)
     oob: tuple[int, int, bool] | None = None      # (line, out-of-bounds count, OK)
+    failures: list[tuple[int, str, str]] = field(default_factory=list)   # (line, NCCL|CUDA, "where: message")
     avg_bw: tuple[int, str] | None = None          # (line, value)
 
     @property
     def started(self) -> bool:
-        return self.header_line is not None or bool(self.rows) or self.oob is not None
+        return self.header_line is not None or bool(self.rows) or self.oob is not None or bool(self.failures)
 
 
 def scan(doc: TextDoc) -> tuple[list[Run], list[Skipped]]:
@@ -78,6 +79,12 @@ def scan(doc: TextDoc) -> tuple[list[Run], list[Skipped]]:
             if _header_line(ln.no, text, current):
                 if sig.TABLE_HEADER.match(text):
                     in_table = True
+                continue
+        if "failure" in text and "Test " in text:
+            m = sig.TEST_FAILURE.search(text)
+            if m:
+                current(ln.no).failures.append((ln.no, m.group("what"),
+                                                f"{m.group('where')} '{m.group('msg').strip()}'"))
                 continue
         if "_perf" in text and head != "#":
             m = sig.COMMAND.search(text[:2000])

@@ -15,6 +15,7 @@
             8192          2048     float     sum      -1    35.15    0.23    0.23       0    30.33 ...
     # Out of bounds values : 0 OK
     # Avg bus bandwidth    : 0.41
+    node1: Test NCCL failure common.cu:958 'internal error - please report this issue to the NCCL developers / '
 
 What the order means (``common.cu``): the device list, then communicator init (NCCL INFO lines when
 ``NCCL_DEBUG`` is set), then the table header (2.x prints it after init), then a warm-up of ``warmup iters`` ops at
@@ -29,7 +30,7 @@ from __future__ import annotations
 import re
 
 __all__ = ["CATALOGUE", "COMMAND", "STARTING", "VERSION", "PARAMS", "USING", "RANK", "TABLE_HEADER", "ROW_START",
-           "OOB", "AVG_BW", "MPI_TAG", "BINARY_OPS", "op_of_binary", "op_of_columns"]
+           "OOB", "AVG_BW", "TEST_FAILURE", "MPI_TAG", "BINARY_OPS", "op_of_binary", "op_of_columns"]
 
 _TYPES = r"(?:float|half|double|int8|uint8|int32|uint32|int64|uint64|bfloat16|int|char|f8e4m3|f8e5m2|fp8\w{0,6})"
 _REDOPS = r"(?:sum|prod|max|min|avg|none|mulsum|premulsum)"
@@ -45,6 +46,7 @@ CATALOGUE: tuple[str, ...] = (
     r"\s{0,8}#\s{0,4}Out of bounds values\s{0,4}:",
     r"\s{0,8}#\s{0,4}Avg bus bandwidth\s{0,4}:",
     r"\s{0,16}\d{1,15}\s{1,16}\d{1,15}\s{1,16}" + _TYPES + r"\s{1,12}" + _REDOPS + r"\s",
+    r".{0,200}?Test (?:NCCL|CUDA) failure \S{1,200}:\d",
 )
 
 COMMAND = re.compile(r"(?:^|[\s/])(?P<bin>[a-z_]{3,30})_perf(?:_mpi)?(?:\s|$)")
@@ -60,6 +62,9 @@ TABLE_HEADER = re.compile(r"\s{0,8}#?\s{0,12}(?:size|bytes)\s{1,16}(?:count|N)\s
 ROW_START = re.compile(r"\s{0,16}\d{1,15}(?:\s|$)")
 OOB = re.compile(r"\s{0,8}#\s{0,4}Out of bounds values\s{0,4}:\s{0,4}(\d{1,12})\s{0,4}(OK|FAILED)?")
 AVG_BW = re.compile(r"\s{0,8}#\s{0,4}Avg bus bandwidth\s{0,4}:\s{0,4}(\S{1,30})")
+#: the test's own error line (common.h): ``<host>: Test NCCL failure common.cu:958 'internal error - ... / <last>'``
+TEST_FAILURE = re.compile(r"Test (?P<what>NCCL|CUDA) failure (?P<where>\S{1,200}:\d{1,7}) "
+                          r"'?(?P<msg>[^'\n]{0,300})")
 #: mpirun --tag-output's short ``[0]`` tag, written again at every write inside a row
 MPI_TAG = re.compile(r"\[\d{1,6}\]")
 
