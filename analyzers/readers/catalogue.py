@@ -13,6 +13,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ranktrace.analyzers.readers.env_versions import signatures as _env_versions
+from ranktrace.analyzers.readers.horovod import signatures as _horovod
+from ranktrace.analyzers.readers.nccl_tests import signatures as _nccl_tests
+from ranktrace.analyzers.readers.progress import signatures as _progress
+from ranktrace.analyzers.readers.ps_top import signatures as _ps_top
 from ranktrace.analyzers.readers.text import TextDoc
 
 __all__ = ["Family", "FAMILIES", "Scan", "scan"]
@@ -40,14 +45,18 @@ FAMILIES: tuple[Family, ...] = (
         r"Process \d+: ", r"Python v\d", r"Thread (?:0x[0-9A-Fa-f]+|\d+) \((?:idle|active\+gil|active|gil)\)",
         r".{0,80}Pyspy (?:dump for PID|failed)", r"All pyspy dump attempts failed",
         r"Permission Denied: Try running again", r"Error: Failed to (?:get process executable|find python version)",
-        r" {4}\S.{0,300}? \([^()\s][^()]{0,300}\.py:\d{1,7}\)\s*$"), min_lines=2),
+        r" {4}\S.{0,300}? \([^()\s][^()]{0,300}\.py:\d{1,7}\)\s*$",
+        r"\S.{0,300}? \([^()\s][^()]{0,300}\.py:\d{1,7}\)\s*$", r"[A-Za-z_][\w.<>]{0,120} \([\w./-]{1,300}$",
+        r"(?:\S{0,80}[$%#>] )?(?:sudo )?(?:\S{0,200}/)?py-spy dump\b"), min_lines=2),
     Family("faulthandler", "ranktrace.analyzers.readers.faulthandler", _rx(
         r"(?:Current thread|Thread) 0x[0-9A-Fa-f]+ (?:\[[^\]]{0,80}\] )?\(most recent call first\):",
         r"Stack \(most recent call first\):", r"Fatal Python error: ",
         r'\s+File "[^"]{1,400}", line \d+ in \S')),
     Family("gdb", "ranktrace.analyzers.readers.gdb", _rx(
         r"Thread \d+ \((?:Thread 0x[0-9a-fA-F]+ )?\(?LWP \d+\)", r"#\d+\s+0x[0-9a-fA-F]+ in \S",
-        r"#\d+\s+\S+ \(.{0,300}\) at \S+:\d+", r"Attaching to (?:program|process) "), min_lines=2),
+        r"#\d+\s+\S+ \(.{0,300}\) at \S+:\d+", r"Attaching to (?:program|process) ",
+        r"\*?\s{0,4}\d{1,6}\s{1,8}Thread 0x[0-9a-fA-F]{1,16} \(LWP \d", r"GNU gdb \(", r"Reading symbols from \S",
+        r"(?:\S{0,80}[$#%] )?(?:sudo )?(?:cuda-)?gdb\b.{0,200}?(?:-p|--pid|attach)\s{0,4}\d"), min_lines=2),
     Family("watchdog", "ranktrace.analyzers.readers.watchdog", _rx(
         r".{0,400}?WorkNCCL\(", r".{0,400}?[Ll]ast enqueued (?:\w+ )?work: -?\d"), needs="NCCL"),
     Family("nccl_log", "ranktrace.analyzers.readers.nccl_log", _rx(
@@ -58,7 +67,12 @@ FAMILIES: tuple[Family, ...] = (
         r"Registering \d+ cuda graph addresses|Initializing a V\d LLM engine|Initializing an LLM engine|"
         r"vLLM API server|Graph capturing finished|KV Cache is allocated|Memory pool end|"
         r"Starting to load model|Loading model weights took|Uvicorn running on|Application startup complete|"
-        r"No available shared memory broadcast block)")),
+        r"No available shared memory broadcast block|[Ww]atchdog timeout \(self\.watchdog_timeout=|"
+        r"vLLM is using nccl==|Worker ready; awaiting tasks|world_size=\d+ rank=\d+ local_rank=\d+ distributed_init|"
+        r"is assigned as DP rank|(?:Prefill|Decode) batch[.,]|Avg prompt throughput: )",
+        r"(?:\[(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?: (?:DP|PP|TP|EP)\d{1,5}){1,4}\] )"
+        r"Connecting to (?:tcp|ipc)://",
+        r".{0,120}?\"(?:POST|GET) /v1/\S{0,200} HTTP/\d(?:\.\d)?\" 200\b")),
     Family("nvidia_smi", "ranktrace.analyzers.readers.nvidia_smi", _rx(
         r".{0,20}NVIDIA-SMI \S+\s+Driver Version", r"\s*GPU0\s+(?:GPU1|NIC0|mlx5_0|CPU Affinity)",
         r"\s*X\s+= Self", r"\s*NV#\s+= Connection")),
@@ -69,6 +83,11 @@ FAMILIES: tuple[Family, ...] = (
     Family("nccl_ras", "ranktrace.analyzers.readers.nccl_ras", _rx(
         r"Job summary\s*$", r"Communicators\.{0,3}", r"#\d+-\d+ \([0-9a-f]{8,16}\) (?:MISMATCH|INCOMPLETE|ERROR)",
         r".{0,80}RAS Monitor Mode", r".{0,80}PEER_DEAD: Process \d+ on node")),
+    Family("horovod", "ranktrace.analyzers.readers.horovod", _rx(*_horovod.CATALOGUE)),
+    Family("nccl_tests", "ranktrace.analyzers.readers.nccl_tests", _rx(*_nccl_tests.CATALOGUE), min_lines=2),
+    Family("ps_top", "ranktrace.analyzers.readers.ps_top", _rx(*_ps_top.CATALOGUE)),
+    Family("env_versions", "ranktrace.analyzers.readers.env_versions", _rx(*_env_versions.CATALOGUE)),
+    Family("progress", "ranktrace.analyzers.readers.progress", _rx(*_progress.CATALOGUE)),
 )
 
 

@@ -11,9 +11,16 @@ Accepted text::
     #5  0x00007f6b2479c856 in gloo::transport::tcp::UnboundBuffer::waitRecv(int*, ...) () from /.../libtorch_cpu.so
     Thread 2 (LWP 777):                                   (no pthread id)
 
-Several processes in one file (a loop of ``gdb -p``) are split at ``Attaching to process N`` /
+Several processes in one file (a loop of ``gdb -p``) are split at ``Attaching to process N`` / ``gdb -p N`` /
 ``[Inferior 1 (process N) detached]``; gdb's start-up chatter, cuda-gdb's focus lines and ``Backtrace stopped``
 lines are ignored; ``[rankN]:`` prefixes are honoured.
+
+Pasted shapes also read: frames with no ``Thread`` header (a single-thread ``bt``, or a dump cut above its first
+header: one thread per ``#0`` run, ``tid`` null); the ``from lib`` / ``at file:line`` tail gdb wraps onto the next
+line; ``info threads`` tables (one row per thread holding only its current frame); a frame cut before its function
+name (``#4  0x00007fd0``) or inside its library path (``from /usr/lib/python3.9/s``: the frame without a library)
+is skipped / kept without the location; a paste that stops after gdb attached (``Attaching to process N``, no
+backtrace) gives one ``process`` OBSERVATIONS row (pid, the executable gdb read symbols from) instead of nothing.
 
 Columns: ``frames`` innermost first as ``"func (file:line)"`` for frames with source, ``"func (lib.so)"`` for
 ``from lib`` frames (library base name, like py-spy ``--native``), else ``"func"``; C++ parameter lists and call
@@ -55,9 +62,17 @@ _LWP = re.compile(r"\bLWP (\d+)")
 _NAME = re.compile(r'"([^"]*)"\s*$')
 _FRAME_START = re.compile(r"^#(\d+)\s+(.*)$")
 _ADDR = re.compile(r"^0x[0-9A-Fa-f]+ in ")
+_ADDR_ONLY = re.compile(r"^0x[0-9A-Fa-f]*(?: in)?$")
 _AT = re.compile(r"^(.*) at (\S+:\d+)\s*$")
 _FROM = re.compile(r"^(.*) from (\S+)\s*$")
 _ATTACH = re.compile(r"^Attaching to (?:program: .*, )?process (\d+)")
+#: ``info threads``: ``* 1    Thread 0x7f.. (LWP 5923) "python" 0x00007f.. in poll () from /lib64/libc.so.6``
+_INFO_THREAD = re.compile(r"^\*?\s{0,4}(\d{1,6})\s{1,8}Thread 0x[0-9a-fA-F]{1,16} \(LWP (\d{1,9})\)"
+                          r"(?: \"([^\"]{0,200})\")?\s{1,8}(\S.*)$")
+#: the rest of a frame gdb wrapped onto the next line: ``    from /usr/lib/libnccl.so.2`` / ``    at init.cc:840``
+_FRAME_TAIL = re.compile(r"^(?:from (\S+)|at (\S+:\d+))\s*$")
+_SYMBOLS_OF = re.compile(r"^Reading symbols from (\S+?)(?:\.\.\.|$)")
+_GDB_COMMAND = re.compile(r"^(?:\S{0,80}[$#%] )?(?:sudo )?(?:cuda-)?gdb\b.{0,200}?(?:-p|--pid|attach)\s{0,4}(\d+)")
 _DETACH = re.compile(r"^\[Inferior \d+ \(process (\d+)\) (?:detached|killed|exited.*)\]")
 _IGNORED = re.compile(
     r"^(\[New LWP \d+\]|\[New Thread .*\]|\[Thread debugging using .*\]|Using host libthread_db.*|"
@@ -119,6 +134,8 @@ def _function(spec: str) -> str | None:
 def frame_text(rest: str) -> str | None:
     """Format one frame line (after ``#k``) as ``func (file:line)`` / ``func (lib)`` / ``func``; None if torn."""
     rest = _ADDR.sub("", rest.strip())
+    if _ADDR_ONLY.match(rest):
+        return None          # "0x00007f0" / "0x00007f.. in": cut before the function name
     loc = None
     m = _AT.match(rest)
     if m:
@@ -126,7 +143,7 @@ def frame_text(rest: str) -> str | None:
     else:
         m = _FROM.match(rest)
         if m:
-            rest, loc = m.group(1), m.group(2).rsplit("/", 1)[-1]
+            rest, loc = m.group(1), _lib(m.group(2))
     func = _function(rest)
     if func is None:
         return None
@@ -136,12 +153,42 @@ def frame_text(rest: str) -> str | None:
 @dataclass
 class _Thread:
     line: int
-    gdb_no: int
+    gdb_no: int               # 0: frames with no Thread header (a plain ``bt``, a dump cut before its header)
     lwp: int | None
     name: str | None
     rank: int | None
     section: int
     frames: list[str] = field(default_factory=list)
+
+
+def _with_location(frame: str, lib: str | None, at: str | None) -> str:
+    """A frame whose ``from lib`` / ``at file:line`` gdb wrapped onto the next line; a frame cut before its
+    parentheses closed is completed as far as the tail allows."""
+    loc = at if at else _lib(lib or "")
+    if loc is None:
+        return frame
+    return f"{frame} ({loc})" if frame else f"?? ({loc})"
+
+
+def _lib(path: str) -> str | None:
+    """The library's base name; None for a path cut before its name ends (``.../lib/python3.9/s``)."""
+    name = path.rsplit("/", 1)[-1]
+    return name if "." in name else None
+
+
+def _attached_only(f: str, section_pid: dict[int, int], section_exe: dict[int, str],
+                   skipped: list[Skipped]) -> ReadResult:
+    """gdb attached (``Attaching to process N``, ``gdb -p N``) but the paste stops before any backtrace: the
+    process it attached to is all the file says (a ``process`` row)."""
+    obs = []
+    for s, pid in sorted(section_pid.items()):
+        exe = section_exe.get(s)
+        obs.append({"pid": pid, "kind": "process", "name": None, "source": "gdb", "file": f,
+                    "detail": f"pid={pid} by=gdb" + (f" cmd={exe}" if exe else "") + " (attached, no backtrace in "
+                              "the file)"})
+    skipped.append(Skipped(f, None, "gdb attached but the file holds no backtrace (cut after the preamble?)"))
+    return ReadResult(file=f, format=FORMAT, observations=schema.table_from_rows(schema.OBSERVATIONS, obs),
+                      skipped=tuple(skipped))
 
 
 def read(path: Path) -> ReadResult:
@@ -165,6 +212,7 @@ def _from_text(path: Path, text: str) -> ReadResult:
 
     threads: list[_Thread] = []
     section_pid: dict[int, int] = {}
+    section_exe: dict[int, str] = {}
     section = 0
     cur: _Thread | None = None
     skipped: list[Skipped] = []
@@ -174,12 +222,17 @@ def _from_text(path: Path, text: str) -> ReadResult:
     for no, raw in enumerate(text.splitlines(), start=1):
         prefix_rank, body = split_rank_prefix(raw.rstrip("\r\n"))
         stripped = body.strip()
-        m = _ATTACH.match(stripped)
+        m = _ATTACH.match(stripped) or _GDB_COMMAND.match(stripped)
         if m:
-            if any(t.section == section for t in threads) or section in section_pid:
+            if any(t.section == section for t in threads) or section_pid.get(section, int(m.group(1))) != \
+                    int(m.group(1)):
                 section += 1
             section_pid[section] = int(m.group(1))
             cur = None
+            continue
+        m = _SYMBOLS_OF.match(stripped)
+        if m:
+            section_exe.setdefault(section, m.group(1).rsplit("/", 1)[-1])
             continue
         m = _DETACH.match(stripped)
         if m:
@@ -199,13 +252,32 @@ def _from_text(path: Path, text: str) -> ReadResult:
                           name=name.group(1) if name else None, rank=prefix_rank, section=section)
             threads.append(cur)
             continue
+        m = _INFO_THREAD.match(stripped)
+        if m:
+            fr = frame_text(m.group(4))
+            t = _Thread(line=no, gdb_no=int(m.group(1)), lwp=int(m.group(2)), name=m.group(3), rank=prefix_rank,
+                        section=section, frames=[fr] if fr else [])
+            if fr is None:
+                torn.append((no, stripped))
+            threads.append(t)
+            cur = None
+            continue
         m = _FRAME_START.match(stripped)
-        if m and cur is not None:
+        if m:
+            if cur is None or (cur.gdb_no == 0 and m.group(1) == "0" and cur.frames):
+                # frames with no Thread header: a single-thread ``bt``, or a dump cut above its first header
+                cur = _Thread(line=no, gdb_no=0, lwp=None, name=None, rank=prefix_rank, section=section)
+                threads.append(cur)
             fr = frame_text(m.group(2))
             if fr is None:
                 torn.append((no, stripped))
+                cur.frames.append("")        # keep the position: the wrapped tail may complete it
             else:
                 cur.frames.append(fr)
+            continue
+        m = _FRAME_TAIL.match(stripped)
+        if m and cur is not None and cur.frames:
+            cur.frames[-1] = _with_location(cur.frames[-1], m.group(1), m.group(2))
             continue
         if not stripped or _IGNORED.match(stripped):
             continue
@@ -214,7 +286,12 @@ def _from_text(path: Path, text: str) -> ReadResult:
             continue
         outside += 1
 
+    for t in threads:
+        t.frames = [fr for fr in t.frames if fr]
+    threads = [t for t in threads if t.frames or t.gdb_no]
     if not threads:
+        if section_pid:
+            return _attached_only(f, section_pid, section_exe, skipped)
         raise ReaderError(path, "no gdb thread backtrace found")
     if torn:
         skipped.append(Skipped(f, torn[0][0], f"{len(torn)} torn frame line(s) skipped (stack has a gap), "
@@ -233,8 +310,9 @@ def _from_text(path: Path, text: str) -> ReadResult:
             pid = main[0].lwp if main else None
         for t in members:
             rank = t.rank if t.rank is not None else (file_rank if len(sections) == 1 else None)
+            state = "unknown"
             rows.append({
-                "pid": pid, "tid": t.lwp, "rank": rank, "thread_name": t.name, "thread_state": "unknown",
+                "pid": pid, "tid": t.lwp, "rank": rank, "thread_name": t.name, "thread_state": state,
                 "frames": t.frames, "native": True,
                 "snapshot": f"{path.name}[pid {pid}]" if pid is not None else f"{path.name}[process {s}]",
                 "source": "gdb", "file": f, "line": t.line,

@@ -14,7 +14,12 @@ What comes out:
   a communicator rank too: NCCL-log-only ranks are communicator-local (``rank_space`` observations below).
 * OBSERVATIONS: ``nccl_version``, ``nccl_init_start``, ``nccl_init_complete``, ``nccl_bootstrap``,
   ``nccl_topology``, ``nccl_transport``, ``nccl_warn``, ``nccl_destroy``, ``nccl_seq_basis`` and ``rank_space``
-  (see ``OBSERVATION_KINDS``).
+  (see ``OBSERVATION_KINDS``), and the statement rows of docs/EVIDENCE.md: ``completion`` ``nccl_destroy`` per
+  ``Destroy COMPLETE``; ``init_failure`` (stage ``connect``: socket connects refused / timed out / retries
+  exceeded; ``nccl_init``: bootstrap and system errors) for a failure WARN, a ``Call to connect`` retry line or a
+  bootstrap error trail before that communicator's (without one: before the process's first) Init COMPLETE,
+  ``transport_error`` ``nccl_warn`` for one after it; ``transport_error`` ``cuda_error`` for ``Cuda failure``
+  WARNs. One row per process and kind of failure, at its first line (``_RareLines._failure``).
 
 How ``seq`` is defined (decided per communicator, i.e. per ``(host, pid, comm pointer)`` life):
 
@@ -49,7 +54,8 @@ holes, ``logrotate copytruncate``; a hole is skipped with ``SEEK_DATA``) and cou
 ``detail`` of a COLL event is ``comm=<pointer>`` (it joins torch's ``ProcessGroupNCCL created ncclComm_ 0x...``
 line) plus ``root=<r>`` for Broadcast / Reduce / Gather / Scatter.
 
-Tolerated: launcher prefixes before the ``host:pid:tid`` marker (``[rank0]:``, ``[default0]:``, Ray
+Tolerated: NCCL < 2.3 lines without the word ``NCCL`` (``host:pid:tid [0] INFO ...``, read from excerpts opened by
+the shared opener), launcher prefixes before the ``host:pid:tid`` marker (``[rank0]:``, ``[default0]:``, Ray
 ``(RayWorker pid=1) ``, compose ``svc_1  | ``, ``12: ``, progress bars glued in front), NCCL ≥2.26 timestamps,
 WARN ``file:line (func)`` parts, two records glued on one physical line, a truncated last line, ``\\r\\n`` ends.
 
@@ -86,7 +92,8 @@ from pathlib import Path
 
 from ranktrace.analyzers.readers.text import TextDoc
 from ranktrace.analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped
-from ranktrace.analyzers.readers.nccl_log_grammar import _SNIFF_RE, FORMAT, NCCL_DTYPES, _looks_binary, normalize_comm_id
+from ranktrace.analyzers.readers.nccl_log_grammar import (_OLD_FORMAT_RE, _SNIFF_RE, FORMAT, NCCL_DTYPES, _looks_binary,
+                                                          normalize_comm_id)
 from ranktrace.analyzers.readers.nccl_log_walk import _Reader
 
 __all__ = [
@@ -132,6 +139,9 @@ OBSERVATION_KINDS: dict[str, str] = {
     "nccl_warn": "WARN lines and INFO error trail lines (file:line -> code): name=file:line, detail=message, "
                  "value=ncclResult_t code when the trail states one",
     "nccl_destroy": "Destroy/Abort/Revoke START|COMPLETE: group=commId, rank, name=comm pointer, detail=what",
+    "completion": "name=nccl_destroy per Destroy COMPLETE: group, rank, detail=the line",
+    "init_failure": "name=connect|nccl_init: a set-up failure before Init COMPLETE; detail=file:line: message",
+    "transport_error": "name=nccl_warn (a failure WARN after Init COMPLETE) | cuda_error (Cuda failure WARN)",
     "nccl_seq_basis": "per communicator: group, rank, detail=line|opcount|line_from_log_start, value=COLL lines",
     "rank_space": "per non-world communicator: group=commId, rank=comm rank, detail=comm:<commId>, value=nranks",
 }
@@ -191,8 +201,11 @@ def read_doc(doc: TextDoc) -> ReadResult:
         big = False
     if big and not path.name.endswith(".gz"):
         return read(path)
+    text = doc.raw_text()
+    if "NCCL INFO" not in text and "NCCL WARN" not in text:
+        text = _OLD_FORMAT_RE.sub(r"\1NCCL \2 ", text)   # NCCL < 2.3: "host:pid:tid [0] INFO ..." without "NCCL"
     r = _Reader(path)
-    r.run(io.BytesIO(doc.raw_text().encode("utf-8", errors="replace")))
+    r.run(io.BytesIO(text.encode("utf-8", errors="replace")))
     return _result(path, r)
 
 

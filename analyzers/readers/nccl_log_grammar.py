@@ -32,7 +32,7 @@ _COLL_RE = re.compile(
 # transports, rings, trees, bootstrap, WARN, error trail, bare version line; no group set). It starts with the
 # literal "NCCL" so sre's prefix search runs in C; TUNING and other INFO lines fail a few bytes after "INFO ".
 _SCAN_RE = re.compile(
-    _COLL_RE.pattern[:5] + b"(?:" + _COLL_RE.pattern[5:] + rb"|WARN |version \d|INFO (?:NCCL version"
+    _COLL_RE.pattern[:5] + b"(?:" + _COLL_RE.pattern[5:] + rb"|WARN |version \d|INFO (?:NCCL version|Call to connect"
     rb"|(?:\[Rank \d+\] )?(?:\w+ )?comm 0x|Channel (?:00/|\d+(?:/\d+)? : \d+\[)|Trees \[0\]|Bootstrap|bootstrap"
     rb"|\d+ coll channels|[\w./+-]+:\d+ (?:\([^)\n]*\) )?-> ))"
 )
@@ -77,6 +77,19 @@ _TRANSPORT_RE = re.compile(
     r"(?: \[(send|receive)\])? via (.+?)\s*$"
 )
 _RING_RE = re.compile(r"^Channel 00/(\d+) :((?: +\d+)+)")
+#: what a WARN (or the INFO "Call to connect ... retrying" line) says failed, when it is a set-up or device failure
+#: (EVIDENCE.md: init_failure stage connect / nccl_init before Init COMPLETE, transport_error after; cuda_error)
+_CONNECT_FAIL_RE = re.compile(
+    r"socketStartConnect: exceeded retries|Call to connect (?:returned|failed)|NET/Socket : Connect to \S+ failed|"
+    r"Connect to \S+ failed|socketPollConnect|Connection refused|Connection timed out|"
+    r"Connection closed by remote peer|socketProgress: Connection closed|No route to host")
+_INIT_FAIL_RE = re.compile(r"[Bb]ootstrap|[Uu]nhandled [Ss]ystem [Ee]rror|bootstrapNet|remote process exited")
+_CUDA_FAIL_RE = re.compile(r"Cuda failure|CUDA failure|cuda(?:Error|Get|Launch|Memcpy|Malloc)\w* failed|"
+                           r"peer access is not supported|an illegal memory access")
+#: NCCL < 2.3 wrote "host:pid:tid [dev] INFO" / "[dev] file.cc:N WARN" without the "NCCL" word
+_OLD_FORMAT_RE = re.compile(
+    r"(?m)^((?:\[[^\]\n]{1,40}\]:? ?)?[^\s:\[\]|()<>]{1,128}:\d{1,9}:\d{1,9} (?:\[\d{1,4}\] )?"
+    r"(?:[\w./+-]{1,200}:\d{1,7} )?)(INFO|WARN) ")
 _TRAIL_RE = re.compile(
     r"^(?P<file>[\w./+-]+):(?P<line>\d+) (?:\((?P<func>[^)]*)\) )?-> (?P<code>\d+)(?P<rest>.*)$"
 )

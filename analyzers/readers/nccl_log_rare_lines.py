@@ -12,6 +12,9 @@ from typing import Any
 from ranktrace.analyzers.readers.base import Skipped
 from ranktrace.analyzers.readers.nccl_log_grammar import (
     _API_RE,
+    _CONNECT_FAIL_RE,
+    _CUDA_FAIL_RE,
+    _INIT_FAIL_RE,
     _BARE_VERSION_RE,
     _FIELD_RES,
     _INIT_RE,
@@ -70,6 +73,10 @@ class _RareLines(_ReaderState):
             c = self.tid_comm.get((host, pid, tid))
             self.obs.append(dict(base, kind="nccl_warn", name=where, detail=msg.strip(),
                                  group=c.group if c else None, rank=c.rank if c else None))
+            self._failure(base, msg.strip(), c, where)
+            return
+        if msg.startswith("Call to connect "):
+            self._failure(base, msg.strip(), self.tid_comm.get((host, pid, tid)), None)
             return
         if msg.startswith("NCCL version "):
             self._version(msg.split()[2], host, pid, tid, line)
@@ -87,6 +94,9 @@ class _RareLines(_ReaderState):
             self.obs.append(dict(base, kind="nccl_destroy", name=ptr, detail=what,
                                  group=c.group if c else f"comm:{ptr}", rank=int(tm.group(2)),
                                  value=int(tm.group(3))))
+            if what == "Destroy COMPLETE":
+                self.obs.append(dict(base, kind="completion", name="nccl_destroy", detail=msg.strip()[:300],
+                                     group=c.group if c else f"comm:{ptr}", rank=int(tm.group(2))))
             if c is not None and tm.group(5) == "COMPLETE":
                 self.comms.pop((host, pid, ptr), None)
                 self.coll_cache.clear()
@@ -124,11 +134,17 @@ class _RareLines(_ReaderState):
             return
         if msg.startswith(("Bootstrap", "bootstrap")):
             self.obs.append(dict(base, kind="nccl_bootstrap", group=grp, rank=rank, detail=msg))
+            em = _TRAIL_RE.match(msg)
+            if em:   # "bootstrap.cc:270 -> 2": bootstrap failed
+                self._failure(base, msg, c, f"{em.group('file')}:{em.group('line')}", trail=True)
             return
         em = _TRAIL_RE.match(msg)
         if em:
-            self.obs.append(dict(base, kind="nccl_warn", name=f"{em.group('file')}:{em.group('line')}",
-                                 detail=msg, value=int(em.group("code")), group=grp, rank=rank))
+            where = f"{em.group('file')}:{em.group('line')}"
+            self.obs.append(dict(base, kind="nccl_warn", name=where, detail=msg, value=int(em.group("code")),
+                                 group=grp, rank=rank))
+            if "bootstrap" in em.group("file"):
+                self._failure(base, msg, c, where, trail=True)
             return
         if glued and ("Init" in msg or " via " in msg):
             self._torn(line, "NCCL record cut by another record (torn line): " + msg[:160])
@@ -154,6 +170,9 @@ class _RareLines(_ReaderState):
             c.init_line = line
         if what == "START":
             c.started = True
+        else:
+            c.completed = True
+            self.init_done.add((host, pid))
         c.rank = int(f["rank"])
         if "nranks" in f:
             c.nranks = int(f["nranks"])
@@ -175,6 +194,32 @@ class _RareLines(_ReaderState):
                    rank=c.rank, value=c.nranks)
         self.obs.append(row)
         self.init_obs.append((row, c))
+
+    def _failure(self, base: dict[str, Any], msg: str, c: Any, where: str | None, trail: bool = False) -> None:
+        """A WARN (or a bootstrap error trail, a connect retry) that says set-up or the device failed: before the
+        communicator's (else the process's first) Init COMPLETE an ``init_failure`` (stage ``connect`` for socket
+        connects, ``nccl_init`` for bootstrap / system errors), after it a ``transport_error`` (``nccl_warn``);
+        ``Cuda failure`` WARNs are ``transport_error`` ``cuda_error`` whenever they come. One row per process
+        and kind of failure (the first line says it; NCCL repeats it on every retry and every thread)."""
+        host, pid = base["host"], base["pid"]
+        if _CUDA_FAIL_RE.search(msg):
+            kind, name = "transport_error", "cuda_error"
+        else:
+            connect = _CONNECT_FAIL_RE.search(msg) is not None
+            if not connect and not _INIT_FAIL_RE.search(msg) and not trail:
+                return
+            before = (not c.completed) if c is not None else (host, pid) not in self.init_done
+            if before:
+                kind, name = "init_failure", "connect" if connect else "nccl_init"
+            else:
+                kind, name = "transport_error", "nccl_warn"
+        key = (host, pid, kind, name)
+        if key in self.failures or (trail and any(k[:3] == (host, pid, kind) for k in self.failures)):
+            return
+        self.failures.add(key)
+        detail = f"{where}: {msg}" if where and not msg.startswith(where) else msg
+        self.obs.append(dict(base, kind=kind, name=name, detail=detail[:300], group=c.group if c else None,
+                             rank=c.rank if c else None))
 
     def _transport(self, base: dict[str, Any], xm: re.Match[str]) -> None:
         src, dst, tag, tail = int(xm.group(3)), int(xm.group(4)), xm.group(5), xm.group(6)

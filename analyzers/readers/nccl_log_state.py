@@ -31,6 +31,7 @@ class _Comm:
     nranks: int | None = None
     init_seen: bool = False
     started: bool = False
+    completed: bool = False         # its Init COMPLETE line was seen
     init_line: int | None = None
     info: dict[str, str] = field(default_factory=dict)
     n_coll: int = 0
@@ -69,6 +70,8 @@ class _ReaderState:
         # (text before " NCCL INFO", comm pointer) -> (ident index, communicator); cleared when comms change
         self.coll_cache: dict[tuple[bytes, bytes], tuple[int, _Comm, int]] = {}
         self.versions: dict[str, int] = {}
+        self.init_done: set[tuple[str, int]] = set()               # processes with a communicator Init COMPLETE
+        self.failures: set[tuple[Any, ...]] = set()                # (host, pid, kind, name) already reported
         self.fallback_noted: set[tuple[str, int, str]] = set()
         self.bad_utf8_line: int | None = None
         self.nul_bytes = 0

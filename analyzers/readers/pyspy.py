@@ -14,6 +14,9 @@ Accepted shapes (formats.md §4):
 * SGLang's watchdog wrapping: ``[ts] Pyspy dump for PID <pid>[ (<cmd>)]:`` followed by the dump, and its failure
   lines ``Pyspy failed to dump PID <pid>. Error: ...`` / ``Pyspy failed (<cmd>). Error: ...`` /
   ``All pyspy dump attempts failed for PID <pid>.``; other log lines in the file are ignored (counted once);
+* what people paste around and instead of a dump: the command above it (``$ py-spy dump --pid 123``: the pid of
+  a dump cut before its ``Process`` line), a trimmed stack written at the margin with no thread header or with its
+  frames' indentation lost (read as one thread, ``thread_state`` unknown, ``tid`` null);
 * any line may carry a launcher prefix (``[rank3]:``, ``[1,3]<stdout>:``); a common indentation (dumps pasted into
   markdown) is removed;
 * ``--json``: an array of thread objects (a truncated array keeps every complete thread);
@@ -25,6 +28,10 @@ formatted the same way from ``short_filename``), ``thread_state`` from the heade
 ``active+gil``, ``active`` → ``active``, else ``idle``), ``tid`` = OS thread id when py-spy printed a decimal id
 (a ``0x`` id is a Python thread ident and gives null), ``native`` = the dump holds native frames,
 ``snapshot`` = ``<file name>[pid N]`` (``#k`` appended when the same pid is dumped again in one file).
+
+OBSERVATIONS: one ``process`` row per ``Process N: cmdline`` header (``pid``, ``detail`` = ``pid=N by=pyspy
+cmd=<redacted command>``, ``rank`` as below), so a dump cut right after its header still says which process was
+alive.
 
 Rank: launcher prefix on the lines > ``rankN`` / ``TPn`` in the process command line (``sglang::scheduler_TP3``) >
 the file name, the latter only when the file holds one process. Otherwise null (the lead maps pid → rank).
@@ -43,6 +50,7 @@ from typing import Any
 from ranktrace.analyzers import schema
 from ranktrace.analyzers.readers.base import (ReadResult, ReaderError, Skipped, decode_text, empty_file, json_array_items,
                                     read_file_bytes)
+from ranktrace.analyzers.readers.ps_top.rows import redact_command
 from ranktrace.analyzers.readers.rankinfer import rank_from_name, split_rank_prefix
 from ranktrace.analyzers.readers.text import TextDoc
 
@@ -70,6 +78,10 @@ _PARENT = re.compile(r"^Parent Process (\d+): ?(.*)$")
 _THREAD = re.compile(r'^Thread (0x[0-9A-Fa-f]+|\d+) \((idle|active\+gil|active|gil|unknown)\)(?:: "(.*)")?\s*$')
 _FRAME = re.compile(r"^(\S.*) \(([^()]+)\)$")
 _SEPARATOR = re.compile(r"^-{10,}$")
+#: the command a person ran, pasted above its dump: ``$ py-spy dump --pid 123``, ``% sudo py-spy dump -p 6473``
+_BANNER = re.compile(r"^(?:\S{0,80}[$%#>] )?(?:sudo )?(?:\S{0,200}/)?py-spy dump\b.{0,200}?(?:--pid[ =]|-p ?)(\d{1,9})")
+#: a Python frame written at the margin (a trimmed stack pasted without its thread header and indentation)
+_BARE_PY_FRAME = re.compile(r"^\S.{0,300}? \([^()\s][^()]{0,300}\.py:\d{1,7}\)$")
 _SGLANG_DUMP = re.compile(r"Pyspy dump for PID (\d+)(?: \((.*?)\))?:\s*$")
 _SGLANG_FAIL = re.compile(r"Pyspy failed(?: to dump PID (\d+))?(?: \((.*?)\))?\. Error: ?(.*)$")
 _SGLANG_ALLFAIL = re.compile(r"All pyspy dump attempts failed for PID (\d+)")
@@ -226,7 +238,13 @@ def _read_text(path: Path, text: str) -> tuple[list[_Process], list[Skipped], in
             st.skipped.append(Skipped(st.f, no, f"all py-spy attempts failed for pid {m.group(1)}"))
             continue
 
-        # 3. py-spy headers
+        # 3. py-spy headers (and the command that made them)
+        m = _BANNER.match(stripped) if "py-spy" in stripped else None
+        if m:
+            st.flush_torn()
+            st.close_process()
+            st.pending_pid = int(m.group(1))
+            continue
         m = _PROCESS.match(stripped)
         if m:
             st.flush_torn()
@@ -263,6 +281,15 @@ def _read_text(path: Path, text: str) -> tuple[list[_Process], list[Skipped], in
 
         if not stripped:
             continue
+        if st.thread is not None and indent - st.base_indent <= 0 and _BARE_PY_FRAME.match(stripped):
+            st.base_indent = indent - 4      # the paste lost the frames' indentation under a thread header
+        elif st.thread is None and _BARE_PY_FRAME.match(stripped):
+            # a trimmed stack pasted at the margin: frames with no thread header, no indentation
+            st.flush_torn()
+            p = st.proc if st.proc is not None else st.start_process(no, st.pending_pid)
+            st.thread = _Thread(line=no, tid_raw="", state="unknown", name=None, rank=prefix_rank)
+            p.threads.append(st.thread)
+            st.base_indent = indent - 4
         rel = indent - st.base_indent
         # 5. frames and --locals lines of the current thread
         if st.thread is not None and rel >= 4:
@@ -425,4 +452,20 @@ def _from_text(path: Path, text: str) -> ReadResult:
                 "snapshot": snap, "source": "pyspy", "file": f, "line": t.line,
             })
     return ReadResult(file=f, format=FORMAT, stacks=schema.table_from_rows(schema.STACKS, rows),
+                      observations=schema.table_from_rows(schema.OBSERVATIONS, _process_rows(f, procs, file_rank)),
                       skipped=tuple(skipped))
+
+
+def _process_rows(f: str, procs: list[_Process], file_rank: int | None) -> list[dict[str, Any]]:
+    """One ``process`` row per ``Process N: cmdline`` header (docs/EVIDENCE.md): the process py-spy found alive,
+    its command (redacted) and the rank it names; also for a dump cut right after its header."""
+    out: list[dict[str, Any]] = []
+    seen: set[int] = set()
+    for p in procs:
+        if p.pid is None or p.cmdline is None or p.pid in seen:
+            continue
+        seen.add(p.pid)
+        rank = p.rank if p.rank is not None else (file_rank if len(procs) == 1 else None)
+        out.append({"pid": p.pid, "rank": rank, "kind": "process", "name": None, "source": "pyspy", "file": f,
+                    "line": p.line, "detail": f"pid={p.pid} by=pyspy cmd={redact_command(p.cmdline)}"})
+    return out

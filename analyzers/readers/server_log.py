@@ -23,6 +23,20 @@ Output:
   tqdm bars carry no rank tag (SGLang draws them on TP rank 0 only), so their ``rank`` is null.
 * OBSERVATIONS ``server_rank``: each (pid, rank, world) learned from a vLLM line
   "rank R in world size W is assigned as DP rank d, PP rank p, TP rank t".
+* OBSERVATIONS ``completion`` ``server_ready`` next to each ``serving`` mark (the server says it serves).
+* OBSERVATIONS ``server_stall`` (docs/EVIDENCE.md): vLLM's engine "No available shared memory broadcast block found
+  in 60 second(s)" (``shm_broadcast_wait``: a worker has not taken the last broadcast, it is stuck or busy) and
+  SGLang's "Scheduler watchdog timeout (self.watchdog_timeout=300 ...)" (``scheduler_watchdog``); one row per
+  process, ``value`` = the seconds stated over all repeats, ``line`` = the first.
+* OBSERVATIONS ``progress`` while serving: ``batches`` (SGLang "Prefill batch." / "Decode batch." lines, ``value`` =
+  count), ``requests`` (HTTP ``200`` responses, count), ``running_requests`` (vLLM metrics "Running: N reqs", the
+  last N); per rank, ``line`` = the last such line.
+
+Phases added from the field corpus: ``nccl_comm_init_begin`` (vLLM "vLLM is using nccl==X", printed as its
+PyNcclCommunicator starts ``ncclCommInitRank``), ``dist_init_mq_connect`` ("Connecting to tcp://..": a TP group's
+message-queue broadcaster connecting, the end of distributed init), ``worker_ready`` (vLLM "Worker ready; awaiting
+tasks"). SGLang tags with a time but no date (``[23:17:01 TP7]``, older releases) carry ranks but no ``wall_ns``; a
+pid redacted in a paste (``(EngineCore pid=...)``) gives ``pid`` null.
 
 Rank (``rank`` column), first rule that applies:
 
@@ -108,8 +122,9 @@ FIELD_MAP: tuple[FieldMap, ...] = (
              None, "all"),
 )
 
-PHASE_NAMES = ("dist_init_begin", "dist_init_end", "load_weights_begin", "load_weights_end", "kv_cache_alloc",
-               "cuda_graph_capture_begin", "cuda_graph_capture_end", "serving")
+PHASE_NAMES = ("dist_init_begin", "dist_init_end", "nccl_comm_init_begin", "dist_init_mq_connect", "worker_ready",
+               "load_weights_begin", "load_weights_end", "kv_cache_alloc", "cuda_graph_capture_begin",
+               "cuda_graph_capture_end", "serving")
 
 
 class _Phase(NamedTuple):
@@ -129,6 +144,9 @@ PHASES: tuple[_Phase, ...] = (
     _p("dist_init_end", "phase", r"Init torch distributed ends", "sglang"),
     _p("dist_init_begin", "phase", r"world_size=\d+ rank=\d+ local_rank=\d+ distributed_init_method=", "vllm"),
     _p("dist_init_end", "phase", r"rank \d+ in world size \d+ is assigned as", "vllm"),
+    _p("nccl_comm_init_begin", "phase", r"vLLM is using nccl==", "vllm"),
+    _p("dist_init_mq_connect", "phase", r"Connecting to (?:tcp|ipc)://", "any"),
+    _p("worker_ready", "phase", r"Worker ready; awaiting tasks", "vllm"),
     _p("load_weights_begin", "phase", r"Load weight begin", "sglang"),
     _p("load_weights_end", "phase", r"Load weight end", "sglang"),
     _p("load_weights_begin", "phase", r"Starting to load model", "vllm"),
@@ -145,6 +163,12 @@ PHASES: tuple[_Phase, ...] = (
 )
 
 OBSERVATION_KINDS: dict[str, str] = {
+    "completion": "name = server_ready (the server says it serves: fired up, Uvicorn running, startup complete, "
+                  "vLLM API server starting), detail = the line",
+    "server_stall": "name = shm_broadcast_wait | scheduler_watchdog, value = seconds, detail = the line",
+    "progress": "name = batches (SGLang Prefill/Decode batch lines) | requests (HTTP 200 responses) | "
+                "running_requests (vLLM metrics 'Running: N reqs'); value = count seen (batches, requests) or the "
+                "last value; line = the last such line",
     "graph_registration": "rank (null when the line has no rank tag), value = N from 'Registering N cuda graph "
                           "addresses', detail = the line",
     "graph_capture_progress": "name = bar label, value = batches done, detail = 'done/total label' (last state)",
@@ -153,9 +177,9 @@ OBSERVATION_KINDS: dict[str, str] = {
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\[[0-9;]{1,8}m(?=\S|\s)")
 _SGLANG_TAG = re.compile(
-    r"\[(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:[.,]\d+)?(?P<tags>(?: (?:DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)\d+)*)"
+    r"\[(?P<ts>(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2})(?:[.,]\d+)?(?P<tags>(?: (?:DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)\d+)*)"
     r"\]")
-_VLLM_PAREN = re.compile(r"\((?P<name>[A-Za-z][\w]*?)(?: rank=(?P<rank>\d+))? pid=(?P<pid>\d+)(?:, ip=[^)]*)?\)")
+_VLLM_PAREN = re.compile(r"\((?P<name>[A-Za-z][\w]*?)(?: rank=(?P<rank>\d+))? pid=(?P<pid>\d+|\.\.\.)(?:, ip=[^)]*)?\)")
 _VLLM_TIME = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<md>\d{2}-\d{2}) (?P<hms>\d{2}:\d{2}:\d{2})")
 _FULL_DATE = re.compile(r"\b(\d{4})-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}")
 _TORCH_RANK = re.compile(r"\[rank(\d+)\]:")
@@ -165,20 +189,27 @@ _ASSIGNED = re.compile(r"rank (\d+) in world size (\d+) is assigned as (.*)")
 _INIT_LINE = re.compile(r"world_size=(\d+) rank=(\d+) local_rank=\d+")
 _PROGRESS = re.compile(r"(?P<label>Capturing (?:batches|CUDA graphs|num tokens)[^:|]*?)\s*:\s*\d+%\|[^|]*\|\s*"
                        r"(?P<done>\d+)/(?P<total>\d+)")
+_STALLS = ((re.compile(r"No available shared memory broadcast block found in (\d{1,9}) ?s"), "shm_broadcast_wait"),
+           (re.compile(r"[Ww]atchdog timeout \(self\.watchdog_timeout=(\d{1,9})"), "scheduler_watchdog"))
+_BATCH = re.compile(r"(?:Prefill|Decode) batch[.,]")
+_HTTP_OK = re.compile(r"\"(?:POST|GET|PUT) /\S{0,300} HTTP/\d(?:\.\d)?\" 200\b")
+_RUNNING = re.compile(r"Avg prompt throughput: .{0,200}?Running: (\d{1,9}) reqs")
 _TP_SIZE = re.compile(r"\btp_size=(\d+)|\btensor_parallel_size=(\d+)")
 _PP_SIZE = re.compile(r"\bpp_size=(\d+)|\bpipeline_parallel_size=(\d+)")
 _SNIFF_MARKERS = re.compile(
+    r"No available shared memory broadcast block|[Ww]atchdog timeout \(self\.watchdog_timeout=|"
+    r"vLLM is using nccl==|Worker ready; awaiting tasks|world_size=\d+ rank=\d+ local_rank=\d+ distributed_init|"
     r"Init torch distributed (?:begin|ends)|Load weight (?:begin|end)|Capture (?:[\w-]+ ){0,3}graph (?:begin|end)|"
     r"fired up and ready to roll|server_args=ServerArgs\(|is assigned as DP rank|Starting to load model|"
     r"Registering \d+ cuda graph addresses|Initializing a V\d LLM engine|Initializing an LLM engine|"
     r"vLLM API server|Graph capturing finished|KV Cache is allocated|Memory pool end|"
-    r"\((?:VllmWorker|EngineCore|Worker|APIServer)[\w]*(?: rank=\d+)? pid=\d+\)|"
-    r"\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?: (?:DP|PP|TP|EP)\d+)+\]")
+    r"\((?:VllmWorker|EngineCore|Worker|APIServer)[\w]*(?: rank=\d+)? pid=(?:\d+|\.\.\.)\)|"
+    r"\[(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?: (?:DP|PP|TP|EP)\d+)+\]")
 # What starts a real log line (after an optional "container | " prefix): SGLang's "[date time ...]", vLLM's
 # "(Worker pid=N)" or "LEVEL MM-DD hh:mm:ss", uvicorn's "INFO:     ", a "[logger]" tag, torch's "[rankN]:".
 # Phase messages are taken only from such lines, so prose that quotes them (a README) is not a log.
 _LOG_PREFIX = re.compile(
-    r"^(?:[\w.:/ -]{1,64} \| )?(?:\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}|\([A-Za-z]\w*(?: rank=\d+)? pid=\d+|"
+    r"^(?:[\w.:/ -]{1,64} \| )?(?:\[(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}|\([A-Za-z]\w*(?: rank=\d+)? pid=(?:\d+|\.\.\.)|"
     r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)(?: \d{2}-\d{2} \d{2}:\d{2}:\d{2}|:\s)|\[[\w.-]+\] |\[rank\d+\]:)")
 
 
@@ -271,7 +302,7 @@ class _LogParser:
         if parens:
             self.recognised = True
             inner = parens[-1]
-            pid = int(inner.group("pid"))
+            pid = int(inner.group("pid")) if inner.group("pid").isdigit() else None
             if inner.group("rank") is not None:
                 vllm_rank = int(inner.group("rank"))
             for paren in reversed(parens):  # innermost (worker) tags first, engine tags (DP) fill in
@@ -305,6 +336,20 @@ class _LogParser:
         i = _INIT_LINE.search(message)
         if i and pid is not None and pid not in self.pid_rank:
             self.pid_rank[pid] = (int(i.group(2)), int(i.group(1)), "")
+        for rx, stall in _STALLS:
+            st = rx.search(message) if ("shared memory broadcast" in message or "atchdog timeout" in message) \
+                else None
+            if st:   # repeated every N s while the wait lasts: one row per process, value = the time stated
+                self.recognised = True
+                key = f"stall {stall} {pid} {sorted(tags.items())} {vllm_rank}"
+                first = self.progress.get(key)
+                waited = int(st.group(1)) + (first.value or 0 if first else 0)
+                self.progress[key] = _Hit(first.line if first else number, "stall", stall, None, waited,
+                                          first.detail if first else _detail(tags, message), tags, vllm_rank, pid,
+                                          first.wall_ns if first else wall)
+                return
+        if self._serving_progress(number, message, tags, vllm_rank, pid, wall):
+            return
         reg = _REGISTER.search(message)
         if reg:
             self.recognised = True
@@ -327,6 +372,28 @@ class _LogParser:
                                       tags, vllm_rank, pid, wall, phase.server))
                 return
 
+    def _serving_progress(self, number: int, message: str, tags: dict[str, int], vllm_rank: int | None,
+                          pid: int | None, wall: int | None) -> bool:
+        """SGLang batch lines, HTTP 200 responses, vLLM 'Running: N reqs': the server was serving (kept per rank
+        and kind: the count seen and the last line)."""
+        what = value = None
+        if "batch" in message and _BATCH.search(message):
+            what = "batches"
+        elif " 200" in message and _HTTP_OK.search(message):
+            what = "requests"
+        elif "Avg prompt throughput" in message:
+            m = _RUNNING.search(message)
+            if m:
+                what, value = "running_requests", int(m.group(1))
+        if what is None:
+            return False
+        self.recognised = True
+        key = f"serve {what} {pid} {sorted(tags.items())} {vllm_rank}"
+        count = (self.progress[key].value + 1) if key in self.progress and value is None else 1
+        self.progress[key] = _Hit(number, "serve", what, None, value if value is not None else count,
+                                  _detail(tags, message), tags, vllm_rank, pid, wall)
+        return True
+
     # -- result
 
     def result(self) -> ReadResult:
@@ -343,6 +410,12 @@ class _LogParser:
             if h.what == "mark":
                 events.append(dict(common, world=world, kind="mark", name=h.name, category=h.category,
                                    detail=h.detail))
+                if h.name == "serving":
+                    obs.append(dict(common, kind="completion", name="server_ready", detail=h.detail))
+            elif h.what == "stall":
+                obs.append(dict(common, kind="server_stall", name=h.name, value=h.value, detail=h.detail))
+            elif h.what == "serve":
+                obs.append(dict(common, kind="progress", name=h.name, value=h.value, detail=h.detail))
             elif h.what == "registration":
                 obs.append(dict(common, kind="graph_registration", name="custom_all_reduce", value=h.value,
                                 detail=h.detail))

@@ -263,8 +263,13 @@ def _srun_prefixed(lines: list[str]) -> bool:
 
 def _unwrap(lines: list[str]) -> list[str | None]:
     """Join lines a terminal wrapped at a fixed width: when most long lines have exactly one width W, a line of
-    width W that does not end in a space continues on the next line. The continuation's slot becomes None so line
-    numbers stay those of the file."""
+    width W that does not end in a space continues on the next line, if that line reads as the rest of a word or
+    sentence (``_continues``). The continuation's slot becomes None so line numbers stay those of the file.
+
+    Records of one fixed width are common and are no wrap: a table (nvidia-smi, nccl-tests rows), the same log
+    message from every rank (``[rank3]:[E626 ...] ... before timing out.``). Their next line starts a record of its
+    own (``[``, a space, an upper-case word, a date), so it is never joined; a wrapped line that a terminal happened
+    to cut before such a character stays two lines (a torn line, which every family tolerates)."""
     lengths = Counter(len(s) for s in lines if len(s) >= 60)
     if not lengths:
         return list(lines)
@@ -277,10 +282,29 @@ def _unwrap(lines: list[str]) -> list[str | None]:
     while i < len(out):
         s = out[i]
         j = i
-        while s is not None and len(lines[j]) == width and not lines[j].endswith(" ") and j + 1 < len(lines):
+        while s is not None and len(lines[j]) == width and not lines[j].endswith(" ") and j + 1 < len(lines) \
+                and _continues(lines[j], lines[j + 1], lines[i]):
             j += 1
             s = s + lines[j]
             out[j] = None
         out[i] = s
         i = j + 1
     return out
+
+
+_CONTINUATION_PUNCT = frozenset(",.;:)]}/_-=\"'")
+
+
+def _continues(prev: str, nxt: str, first: str) -> bool:
+    """`nxt` reads as the rest of `prev` cut by a terminal: it does not start like the record the chain began with
+    (`first`: the same two characters start the next record of a log: ``[r``, ``no`` of ``node1:12:34``, a
+    table's spaces), and it starts in lower case, with punctuation that cannot start a record, with one space before
+    a word, or with a digit after a digit / a capital after a capital (a number or word cut in two)."""
+    if not nxt or nxt[:2] == first[:2]:
+        return False
+    c, last = nxt[0], prev[-1:]
+    if c.islower() or c in _CONTINUATION_PUNCT:
+        return True
+    if c == " ":
+        return nxt[1:2] not in ("", " ", "\t")
+    return (c.isdigit() and last.isdigit()) or (c.isupper() and last.isupper())
