@@ -185,8 +185,6 @@ def _read_text(f: Path, results: list[ReadResult], skipped: list[Skipped], reads
         except Exception as e:  # a reader bug must not lose the other families or files
             skipped.append(Skipped(str(f), None, f"{name} reader failed: {type(e).__name__}: {e}"))
             continue
-        if doc.glued and name not in _READS_DOC_LINES:
-            res = _remap_lines(res, doc)
         results.append(res)
         claimed.append(name)
         for table in (res.events, res.stacks, res.observations):
@@ -196,25 +194,6 @@ def _read_text(f: Path, results: list[ReadResult], skipped: list[Skipped], reads
         skipped.append(Skipped(str(f), None, "not a format ranktrace reads (skipped)"))
     reads.append(InputRead(str(f), tuple(claimed), tuple(sorted(ranks)), found.used, found.total))
     return claimed
-
-
-# families that read doc.lines (and cite Line.no) rather than the canonical text's physical lines
-_READS_DOC_LINES = frozenset({"watchdog"})
-
-
-def _remap_lines(res: ReadResult, doc: Any) -> ReadResult:
-    """Line numbers a family took from the doc's text (one line per message) -> the file's own line numbers."""
-    import dataclasses
-
-    def fix(table: pa.Table) -> pa.Table:
-        if table.num_rows == 0:
-            return table
-        lines = [None if n is None else doc.line_of(n) for n in table["line"].to_pylist()]
-        return table.set_column(table.schema.get_field_index("line"), "line", pa.array(lines, pa.int64()))
-
-    skipped = tuple(dataclasses.replace(s, line=doc.line_of(s.line)) if s.line else s for s in res.skipped)
-    return dataclasses.replace(res, events=fix(res.events), stacks=fix(res.stacks),
-                               observations=fix(res.observations), skipped=skipped)
 
 
 def _looks_binary(head: bytes) -> bool:

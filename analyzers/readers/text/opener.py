@@ -6,13 +6,13 @@ to be dropped or changed becomes a note (``Skipped``) naming the file and line, 
 """
 from __future__ import annotations
 
-import gzip
 import os
 import re
 import stat
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable
 from pathlib import Path
 
 from ranktrace.analyzers.readers.base import ReaderError, Skipped
@@ -49,50 +49,27 @@ class TextDoc:
     name_rank: int | None = None                 # the rank the file name states (rank3.log, tp1, ...)
     notes: list[Skipped] = field(default_factory=list)
     srun: bool = False                           # lines carry srun -l task prefixes
-    _phys: list[int] | None = field(default=None, repr=False)
 
     def canonical_text(self, with_pid: bool = False) -> str:
         """The lines with one prefix spelling every parser knows (``[rankN]:``, ``[defaultN]:``; with `with_pid`
         also ``(tag pid=N, ip=H)``) in front of the message; same line count as the file, so line numbers stay
-        true."""
-        out: list[str] = []
-        last = 0
-        for ln in self.lines:
-            if ln.no > last + 1:
-                out.extend("" for _ in range(ln.no - last - 1))
-            out.append(canonical_prefix(ln.prefix, with_pid) + ln.text)
-            last = ln.no
-        return "\n".join(out) + "\n"
-
-    @property
-    def glued(self) -> bool:
-        """Some physical line held two messages (a progress bar without a newline, then a prefixed log line):
-        the texts of canonical_text/raw_text then have one line per message and ``line_of`` maps them back."""
-        return any(a.no == b.no for a, b in zip(self.lines, self.lines[1:]))
-
-    def line_of(self, physical: int) -> int:
-        """The file line of line `physical` (1-based) of canonical_text / raw_text."""
-        if not self.glued:
-            return physical
-        if self._phys is None:
-            phys: list[int] = []
-            last = 0
-            for ln in self.lines:
-                if ln.no > last + 1:
-                    phys.extend(range(last + 1, ln.no))
-                phys.append(ln.no)
-                last = ln.no
-            self._phys = phys
-        return self._phys[physical - 1] if 0 < physical <= len(self._phys) else physical
+        true (the messages of one glued line stay on it, each with its own prefix)."""
+        return self._text(lambda ln: canonical_prefix(ln.prefix, with_pid) + ln.text, " ")
 
     def raw_text(self) -> str:
         """The lines as written (ANSI codes removed, wrapped lines joined), same line count as the file."""
+        return self._text(lambda ln: ln.raw, "")
+
+    def _text(self, line_text: "Callable[[Line], str]", glue: str) -> str:
         out: list[str] = []
         last = 0
         for ln in self.lines:
+            if ln.no == last and out:  # a second message glued on the same line of the file
+                out[-1] += glue + line_text(ln)
+                continue
             if ln.no > last + 1:
                 out.extend("" for _ in range(ln.no - last - 1))
-            out.append(ln.raw)
+            out.append(line_text(ln))
             last = ln.no
         return "\n".join(out) + "\n"
 
