@@ -113,7 +113,7 @@ def _ras_events(obs: pa.Table) -> pa.Table:
         top = max(r["value"] for r in rs)
         ranks = sorted({r["rank"] for r in rs})
         for r in rs:
-            base = {"rank": r["rank"], "name": "collective", "category": "collective", "group": comm,
+            base = {"rank": r["rank"], "name": r["name"] or "collective", "category": "collective", "group": comm,
                     "group_ranks": ranks, "backend": "nccl", "seq": r["value"], "source": "ras", "file": r["file"],
                     "line": r["line"], "detail": f"RAS op count {r['value']}"}
             rows.append({**base, "kind": "enter"})

@@ -39,10 +39,10 @@ def _evidence(rows: list[dict[str, Any]], what: str) -> tuple[Evidence, ...]:
 def stated_missing(ctx: Context) -> list[Candidate]:
     rows = [r for k in MISSING_KINDS for r in ctx.observations(k) if r["rank"] is not None]
     if not rows:
+        rows = _implied_by_joined(ctx)
+    if not rows:
         return []
-    by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-    for r in rows:
-        by_key.setdefault((r["name"], r["group"], r["value"]), []).append(r)
+    by_key = _by_statement(rows)
     # the statement about the earliest op (a later one may only follow from it), then the one naming most ranks
     key = min(by_key, key=lambda k: (k[2] if k[2] is not None else 1 << 62, -len(by_key[k])))
     stated = by_key[key]
@@ -73,6 +73,29 @@ def stated_missing(ctx: Context) -> list[Candidate]:
                       wait_for=tuple(WaitEdge(w, missing, op or "?", group, seq) for w in waiting),
                       findings=[Finding("missing_ranks", summary, missing, 0.9, _evidence(stated, "stated missing"))],
                       next_steps=steps)]
+
+
+def _implied_by_joined(ctx: Context) -> list[dict[str, Any]]:
+    """Only the ranks that did join are listed ("ready ranks: 1, 2, 3"): ranks are numbered from 0, so the gaps
+    below the highest one listed (or below the world size, when known) are the ones that did not."""
+    joined = [r for r in ctx.observations("joined_rank") if r["rank"] is not None]
+    if not joined:
+        return []
+    out = []
+    for (op, group, seq), rows in _by_statement(joined).items():
+        have = {r["rank"] for r in rows}
+        top = (ctx.world or 0) - 1 if ctx.world else max(have)
+        for m in sorted(set(range(top + 1)) - have):
+            out.append({**rows[0], "rank": m, "kind": "missing_rank",
+                        "detail": f"not among the ranks listed as ready; {rows[0]['detail'] or ''}"})
+    return out
+
+
+def _by_statement(rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
+    out: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        out.setdefault((r["name"], r["group"], r["value"]), []).append(r)
+    return out
 
 
 def stated_mismatch(ctx: Context) -> list[Candidate]:

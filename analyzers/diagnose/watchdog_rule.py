@@ -27,6 +27,7 @@ from ranktrace.analyzers.verdict import Evidence, Finding, Operation, WaitEdge
 __all__ = ["barrier_timeout", "reported_timeouts", "is_barrier_like"]
 
 _TIMEOUT_SOURCES = frozenset({"watchdog", "traceback", "torch_errors", "gloo"})
+_OWN_SOURCES = frozenset({"events", "ras"})  # ours are aligned by seq always; RAS counts are seqs too
 _ONE = re.compile(r"^\[1\](?:->\[\d+\])?$")
 
 
@@ -89,7 +90,7 @@ def reported_timeouts(ctx: Context) -> list[Candidate]:
     rows: list[dict[str, Any]] = []
     if ev.num_rows:
         t = ev.filter(pc.and_(pc.equal(ev["kind"], "enter"),
-                              pc.is_in(ev["source"], value_set=pa.array(sorted(_TIMEOUT_SOURCES)))))
+                              pc.invert(pc.is_in(ev["source"], value_set=pa.array(sorted(_OWN_SOURCES))))))
         rows = [r for r in t.to_pylist() if r["category"] in ("collective", "p2p")]
     status = [o for o in ctx.observations("watchdog_pg_status")
               if "failed_seq=" in (o["detail"] or "") or o["name"] in ("failure", "exception", "timeout")]
@@ -105,8 +106,10 @@ def reported_timeouts(ctx: Context) -> list[Candidate]:
         group = next((r["group"] for r in mine if r["group"]), None)
         if len(names) > 1 and seq is not None and len({r["seq"] for r in rows}) == 1:
             return []  # different ops at one position: the mismatch rule's case
-        evid = tuple(Evidence(r["source"], r["file"], r["line"], f"{r['name']} timed out: {r['error'] or ''}"[:220],
-                              r["rank"]) for r in mine[:8])
+        timed_out = any((r["source"] or "") in _TIMEOUT_SOURCES for r in mine)
+        verb = "timed out waiting in" if timed_out else "issued, and never completed,"
+        evid = tuple(Evidence(r["source"], r["file"], r["line"],
+                              f"{r['name']}: {r['error'] or r['detail'] or 'in flight'}"[:220], r["rank"]) for r in mine[:8])
         if is_barrier_like(name, shape):
             culprits, why = _culprits_of_barrier(ctx, set(ranks), ())
             summary = (f"{ranks_text(ranks) if ranks else 'a rank'} timed out in a barrier-like {name}: a barrier "
@@ -116,7 +119,7 @@ def reported_timeouts(ctx: Context) -> list[Candidate]:
                               operation=Operation(name=name, group=group, seq=seq, shape=shape),
                               findings=[Finding("missing_ranks", summary, culprits, 0.5, evid)],
                               next_steps=["Find the rank that did not reach the barrier (its log shows other work)."])]
-        summary = (f"{ranks_text(ranks) if ranks else 'the reporting rank'} timed out waiting in {name}"
+        summary = (f"{ranks_text(ranks) if ranks else 'the reporting rank'} {verb} {name}"
                    + (f" (seq {seq})" if seq is not None else "")
                    + ": every rank shown issued it and none completed it; these lines do not say whether another "
                      "rank never reached it")
