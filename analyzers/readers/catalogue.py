@@ -35,9 +35,10 @@ def _rx(*alternatives: str) -> re.Pattern[str]:
 
 _FRAME_PY = r"\s*(?:\S.{0,300}?) \((?:[^()\s][^()]{0,300}):\d{1,7}\)\s*$"   # py-spy frame line: func (file.py:12)
 
-# torch's own messages (readers/torch_c10d, torch_elastic): each package keeps its signature
+# torch's own messages and tracebacks (readers/torch_c10d, torch_elastic, traceback): each package keeps its signature
 from ranktrace.analyzers.readers.torch_c10d.signatures import SIGNATURE as _TORCH_C10D  # noqa: E402
 from ranktrace.analyzers.readers.torch_elastic.signatures import SIGNATURE as _TORCH_ELASTIC  # noqa: E402
+from ranktrace.analyzers.readers.traceback.signatures import SIGNATURE as _TRACEBACK  # noqa: E402
 
 FAMILIES: tuple[Family, ...] = (
     Family("pyspy", "ranktrace.analyzers.readers.pyspy", _rx(
@@ -75,6 +76,7 @@ FAMILIES: tuple[Family, ...] = (
         r".{0,80}RAS Monitor Mode", r".{0,80}PEER_DEAD: Process \d+ on node")),
     Family("torch_c10d", "ranktrace.analyzers.readers.torch_c10d", re.compile(_TORCH_C10D)),
     Family("torch_elastic", "ranktrace.analyzers.readers.torch_elastic", re.compile(_TORCH_ELASTIC)),
+    Family("traceback", "ranktrace.analyzers.readers.traceback", re.compile(_TRACEBACK)),
 )
 
 
