@@ -153,6 +153,12 @@ def test_lightning_and_deepspeed_launchers() -> None:
     assert any("local_rank=3" in o["detail"] for o in exits(r))
 
 
+def test_absl_signal_report_of_a_serving_worker() -> None:
+    r = read(FIELD / "vllm-2988" / "error.log")
+    got = sorted((o["name"], o["value"], o["line"]) for o in exits(r))
+    assert got == [("signal", 6, 3)]      # its repeat in Ray's log line (7) is cut before "received at time="
+
+
 def test_false_alarm_is_a_reader_error() -> None:
     with pytest.raises(ReaderError):
         torch_elastic.read_doc(text_of_bytes("x.log", b"Failures:\nnothing here\n"))

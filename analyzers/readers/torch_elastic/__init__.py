@@ -49,6 +49,8 @@ FIELD_MAP: tuple[ColumnMap, ...] = (
               "OBSERVATIONS.kind=rank_exit rank=R", "int", "-", "lightning 2.0"),
     ColumnMap("[launch.py:N:sigkill_handler] [cmd --local_rank=L] exits with return code = C (DeepSpeed)",
               "OBSERVATIONS.kind=rank_exit detail local_rank", "int", "rank null", "deepspeed 0.5"),
+    ColumnMap("*** SIGABRT received at time=T on cpu C *** (absl's failure signal handler: Ray, vLLM)",
+              "OBSERVATIONS.kind=rank_exit name=signal|segfault value=N", "int", "rank from the prefix", "-"),
     ColumnMap("[default] worker group successfully finished | Local worker group finished (SUCCEEDED)",
               "OBSERVATIONS.kind=completion name=exit_ok", "-", "-", "1.9"),
     ColumnMap("RendezvousTimeoutError | RendezvousClosedError | RendezvousConnectionError: ...",

@@ -21,7 +21,8 @@ class Exit:
 
     line: int
     who: Speaker
-    how: str                       # failed | table | closing | spawn | spawn_error | spawn_term | lightning | deepspeed
+    how: str                       # failed | table | closing | spawn | spawn_error | spawn_term | lightning | deepspeed |
+    #                                absl
     rank: int | None = None        # global rank when the launcher states it
     local_rank: int | None = None
     pid: int | None = None
@@ -141,6 +142,9 @@ class _Scanner:
         if m:
             self.add(Exit(no, who, "lightning", rank=int(m.group("rank")), pid=int(m.group("pid")),
                           exitcode=int(m.group("code")), text=body[m.start():]))
+        m = P["absl"].search(body)
+        if m:
+            self.add(Exit(no, who, "absl", rank=who.global_rank, pid=who.pid, signal=m.group("sig"), text=m.group(0)))
         m = P["deepspeed"].search(body)
         if m:
             loc = P["ds_local"].search(m.group("cmd"))

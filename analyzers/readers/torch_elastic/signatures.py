@@ -31,6 +31,7 @@ _KEYS = (
     r"process \d{1,6} terminated with (?:signal|exit code)", r"-- Process \d{1,6} terminated with the following error",
     r"Child process with PID \d{1,9} terminated with code", r"Terminating process \d{1,9} via signal",
     r"\[\w{0,40}\] Rendezvous complete for workers", r"[\w:.]{0,80}sigkill_handler\]",
+    r"\*\*\* SIG[A-Z]{2,8} received at time=",
 )
 # ... and a python logger's name ("torch.distributed.elastic.multiprocessing.api:") may sit right before it
 SIGNATURE = rf"{_LEAD}\s{{0,40}}\"?(?:[\w.]{{1,120}}:)?(?:{'|'.join(_KEYS)})"
@@ -96,4 +97,7 @@ P: dict[str, re.Pattern[str]] = {
     # '--local_rank=3'] exits with return code = -9"
     "deepspeed": _c(r"sigkill_handler\] (?P<cmd>\[.{0,4000}?\]) exits with return code = (?P<code>-?\d{1,4})"),
     "ds_local": _c(r"--local_rank=(?P<local>\d{1,6})"),
+    # absl's failure signal handler (Ray, vLLM, JAX-linked processes): "*** SIGABRT received at time=1708511498 on
+    # cpu 37 ***" then "PC: @ ..." lines — the process is dying of that signal
+    "absl": _c(r"\*\*\* (?P<sig>SIG[A-Z]{2,8}) received at time=(?P<t>\d{1,12})(?: on cpu \d{1,5})? \*\*\*"),
 }
