@@ -83,12 +83,15 @@ class _Builder:
         self.seen: set[tuple[Any, ...]] = set()
 
     def _obs(self, who: Speaker, line: int, kind: str, rank: int | None, name: str | None, value: int | None,
-             detail: str, key: tuple[Any, ...] | None = None, group: str | None = None) -> None:
+             detail: str, key: tuple[Any, ...] | None = None, group: str | None = None,
+             about_speaker: bool = True) -> None:
+        """One row; `about_speaker` False when the row is about a rank the message names, not its writer (then the
+        writer's own pg_rank / log time would mislead)."""
         k = (kind, rank, name, value) + (key if key is not None else (detail,))
         if k in self.seen:
             return   # the same statement repeated (each rank's copy of an exception, a log and its exception)
         self.seen.add(k)
-        facts = who.facts()
+        facts = who.facts() if about_speaker else ""
         self.obs.append(dict(host=who.host, pid=who.pid, rank=rank, kind=kind, name=name, value=value,
                              group=group if group is not None else who.pg,
                              detail=f"{detail} {facts}".strip() if facts else detail,
@@ -115,7 +118,7 @@ class _Builder:
         if r.cut:
             parts.append("cut")
         self._obs(r.who, r.line, "fingerprint", r.rank, op_name(r.optype), r.seq, " ".join(parts),
-                  key=(r.shape, r.dtype))
+                  key=(r.shape, r.dtype), about_speaker=False)
 
     def running(self, col: Collective, n: int) -> None:
         self._event(col.who, col.line, col.who.global_rank, col, None,
@@ -138,7 +141,7 @@ class _Builder:
                 detail += f" timeout_ms={r.timeout_ms}"
             detail += f"{via} {clip(r.text, 200)}"
             self._obs(r.who, r.line, kind, rank, name or "monitored_barrier", col.seq if col else None, detail,
-                      key=(r.by,))
+                      key=(r.by,), about_speaker=False)
 
     def init(self, r: InitFailure) -> None:
         rank = r.who.global_rank
@@ -174,12 +177,13 @@ class _Builder:
         if r.state == "timed_out":
             for rank in r.ranks:
                 self._obs(r.who, r.line, "joined_rank", rank, op_name(r.optype), r.seq,
-                          f"{by} desync report: this rank timed out in collective #{r.seq} (count from 1)")
+                          f"{by} desync report: this rank timed out in collective #{r.seq} (count from 1)",
+                          about_speaker=False)
             return
         if r.state in ("started", "finished"):
             for rank in r.ranks:
                 self._obs(r.who, r.line, "joined_rank", rank, op_name(r.optype), r.seq,
-                          f"{by} desync report snapshot: {r.state} {r.optype} #{r.seq}")
+                          f"{by} desync report snapshot: {r.state} {r.optype} #{r.seq}", about_speaker=False)
             return
         if r.state == "joined_not_finished":
             name = op_name(ops.get((r.seq, "started")))
@@ -191,7 +195,8 @@ class _Builder:
             name = None
             why = "never joined any collective"
         for rank in r.ranks:
-            self._obs(r.who, r.line, "missing_rank", rank, name, r.seq, f"{by} desync report: {why}")
+            self._obs(r.who, r.line, "missing_rank", rank, name, r.seq, f"{by} desync report: {why}",
+                      about_speaker=False)
 
     def terminated(self, r: Terminated) -> None:
         rank = r.who.global_rank
