@@ -176,6 +176,26 @@ def test_watchdog_cpp_backtrace_is_the_watchdog_thread() -> None:
     assert not rows(r.observations, kind="init_failure")
 
 
+def test_segfault_report_is_a_native_stack_innermost_first() -> None:
+    r = read(FIELD / "hamicore-169" / "error.txt")
+    [st] = stacks(r)
+    assert st["native"] and st["line"] == 2
+    assert st["frames"][:2] == ["get_current_device_memory_limit (/libvgpu/src/multiprocess/multiprocess_memory_limit.c"
+                                ":833)", "oom_check (/libvgpu/src/allocator/allocator.c:44)"]
+    assert "_PyObject_MakeTpCall (<unknown>)" in st["frames"]
+    [ex] = rows(r.observations, kind="rank_exit")
+    assert (ex["name"], ex["value"], ex["line"]) == ("segfault", 11, 2)
+    [init] = rows(r.observations, kind="init_failure")
+    assert init["name"] == "nccl_init" and "ncclCommInitRank" in init["detail"]
+    assert not any("cut before its exception" in s.reason for s in r.skipped)
+
+
+def test_torchrun_own_traceback_is_the_launcher() -> None:
+    r = read(FIELD / "pytorch-88251" / "error.txt")      # cut after torchrun's first frames
+    [st] = stacks(r)
+    assert (st["rank"], st["thread_name"]) == (None, "launcher (torchrun)")
+
+
 def test_same_traceback_twice_is_one_stack() -> None:
     one = (FIX / "pfedsd3_send_gloo.txt").read_bytes()
     r = traceback.read_doc(text_of_bytes("twice.log", one + one))

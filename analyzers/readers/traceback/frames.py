@@ -170,8 +170,8 @@ def cpp_init_stage(symbols: list[str]) -> tuple[str, str] | None:
 def launcher_kind(frames: list[tuple[str, int, str, str | None]]) -> str | None:
     """'launcher (torchrun)' / 'launcher (spawn)' when the traceback is the launcher's own, not a rank's."""
     files = [f.replace("\\", "/") for f, _l, _fn, _c in frames]
-    if any(f.endswith(("torch/distributed/run.py", "elastic/agent/server/api.py", "distributed/launcher/api.py"))
-           for f in files):
+    if any(f.endswith(("torch/distributed/run.py", "elastic/agent/server/api.py", "distributed/launcher/api.py",
+                       "torch/distributed/launch.py", "/bin/torchrun")) for f in files):
         return "launcher (torchrun)"
     if frames and any(f.endswith("torch/multiprocessing/spawn.py") and fn in ("join", "start_processes", "spawn")
                       for f, _l, fn, _c in frames) and not any(fn == "_wrap" for _f, _l, fn, _c in frames):

@@ -1,5 +1,6 @@
 """Records -> rows: a STACKS row per traceback, an ``exception`` observation, an EVENTS ``enter`` when it was raised
-inside a torch.distributed op, an ``init_failure`` when inside process-group set-up at a stage the frames name.
+inside a torch.distributed op, an ``init_failure`` when inside process-group set-up at a stage the frames name;
+for torch's "Segfault encountered" report, a native STACKS row and a ``rank_exit`` (segfault).
 
 Worked example (pytorch-131781-b, rank 13)::
 
@@ -48,7 +49,10 @@ def build(records: list[object], file: str, source: str) -> tuple[list[dict[str,
     base = os.path.basename(file)
     k = 0
     for r in records:
-        if isinstance(r, Traceback):
+        if isinstance(r, Traceback) and r.segfault is not None:
+            k += 1
+            _segfault(r, k, base, file, source, stacks, obs)
+        elif isinstance(r, Traceback):
             frames = list(reversed(r.frames))            # innermost first
             rank = _rank(r)
             spelled = [f"{f.func} ({short_file(f.file)}:{f.lineno})" for f in frames]
@@ -110,6 +114,23 @@ def build(records: list[object], file: str, source: str) -> tuple[list[dict[str,
                                             + (f" (raised from {r.raised_from})" if r.raised_from else "")),
                                 source=source, file=file, line=r.line))
     return events, stacks, obs
+
+
+def _segfault(r: Traceback, k: int, base: str, file: str, source: str, stacks: list[dict[str, Any]],
+              obs: list[dict[str, Any]]) -> None:
+    """torch's fatal-signal report: native frames already innermost first, the process dies of SIGSEGV."""
+    rank = _rank(r)
+    spelled = [f"{f.func} ({f.file})" if f.lineno == 0 else f"{f.func} ({short_file(f.file)}:{f.lineno})"
+               for f in r.frames]
+    stacks.append(dict(host=r.who.host, pid=r.who.pid, rank=rank, thread_name=None, thread_state="exception",
+                       frames=spelled, native=True, snapshot=f"{base}#segv{k}", source=source, file=file,
+                       line=r.line))
+    obs.append(dict(host=r.who.host, pid=r.who.pid, rank=rank, kind="rank_exit", name="segfault", value=11,
+                    detail=clip(f"Segfault encountered in {spelled[0]}"), source=source, file=file, line=r.line))
+    stage = cpp_init_stage([f.func for f in r.frames])
+    if stage is not None:
+        obs.append(dict(host=r.who.host, pid=r.who.pid, rank=rank, kind="init_failure", name=stage[0],
+                        detail=clip(f"segfault inside {stage[1]}"), source=source, file=file, line=r.line))
 
 
 def _rank(r: Traceback) -> int | None:

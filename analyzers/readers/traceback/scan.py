@@ -18,7 +18,7 @@ from ranktrace.analyzers.readers.base import Skipped
 from ranktrace.analyzers.readers.text import Line, TextDoc
 from ranktrace.analyzers.readers.torch_common import Speaker, speaker, strip_leaders
 from ranktrace.analyzers.readers.traceback.signatures import (CHAIN, CPP_FRAME, CPP_HEADER, EXC, FRAME, HEADER,
-                                                              CPP_FRAME_TORN, IGNORED, SPAWN, THREAD)
+                                                              CPP_FRAME_TORN, IGNORED, SEGV, SPAWN, THREAD)
 
 __all__ = ["Frame", "Traceback", "CppBacktrace", "Scan", "scan"]
 
@@ -48,6 +48,7 @@ class Traceback:
     spawn_index: int | None       # "-- Process N terminated with the following error:" just before it
     thread: str | None            # "Exception in thread NAME:" just before it
     chained: bool                 # an exception raised while handling (or caused by) an earlier one
+    segfault: int | None = None   # the line of "Segfault encountered": native frames, innermost first, no exception
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ class _Open:
     spawn_index: int | None
     thread: str | None
     chained: bool
+    segfault: int | None = None
     indent: int = -1
     exc: tuple[str, str, int] | None = None
     wants_detail: bool = False
@@ -109,7 +111,8 @@ class _Scanner:
         self.doc = doc
         self.out = Scan()
         self.open: dict[tuple[object, ...], _Open] = {}
-        self.pending: dict[tuple[object, ...], tuple[int, str, object]] = {}   # key -> (line, what, value)
+        # key -> (line, what, number, name): what a line said about the writer's next traceback
+        self.pending: dict[tuple[object, ...], tuple[int, str, int | None, str | None]] = {}
         self.cpp: dict[tuple[object, ...], tuple[int, Speaker, str | None, list[str], list[str], bool]] = {}
 
     def run(self) -> Scan:
@@ -143,7 +146,7 @@ class _Scanner:
             return
         if CHAIN.match(text):
             self.close(key)
-            self.pending[key] = (ln.no, "chain", True)
+            self.pending[key] = (ln.no, "chain", None, None)
             return
         m = FRAME.match(text)
         if m:
@@ -194,29 +197,37 @@ class _Scanner:
         """Lines that say something about the next traceback of this writer."""
         m = SPAWN.search(text)
         if m:
-            self.pending[key] = (ln.no, "spawn", int(m.group("i")))
+            self.pending[key] = (ln.no, "spawn", int(m.group("i")), None)
             return
         m = THREAD.search(text)
         if m:
-            self.pending[key] = (ln.no, "thread", m.group("name"))
+            self.pending[key] = (ln.no, "thread", None, m.group("name"))
+            return
+        if SEGV.search(text):
+            self.pending[key] = (ln.no, "segfault", ln.no, None)
 
     def start(self, ln: Line, key: tuple[object, ...], text: str, cut_top: bool) -> _Open:
         who, _ = speaker(ln, text, self.doc.name_rank)
-        spawn = thread = None
+        spawn: int | None = None
+        segfault: int | None = None
+        thread: str | None = None
         chained = False
         pend = self.pending.pop(key, None)
         if pend is not None and ln.no - pend[0] <= 4:
             if pend[1] == "spawn":
                 spawn = pend[2]
             elif pend[1] == "thread":
-                thread = pend[2]
+                thread = pend[3]
             elif pend[1] == "chain":
                 chained = True
+            elif pend[1] == "segfault":
+                segfault = pend[2]
         if spawn is None and not cut_top:
             m = SPAWN.search(text)   # "-- Process 3 terminated with the following error: Traceback ..." on one line
             if m:
                 spawn = int(m.group("i"))
-        tb = _Open(ln.no, who, [], cut_top, spawn, thread, chained)  # type: ignore[arg-type]
+        tb = _Open(ln.no if segfault is None else segfault, who, [], cut_top and segfault is None, spawn, thread,
+                   chained, segfault)
         self.open[key] = tb
         return tb
 
@@ -229,11 +240,11 @@ class _Scanner:
                 self.out.skipped.append(Skipped(self.doc.path, tb.line, "traceback header without frames (cut)"))
             return
         typ, msg, exc_line = tb.exc if tb.exc is not None else (None, "", None)
-        if typ is None:
+        if typ is None and tb.segfault is None:
             self.out.skipped.append(Skipped(self.doc.path, tb.frames[-1].line,
                                             "traceback cut before its exception line: the exception is unknown"))
         self.out.records.append(Traceback(tb.line, tb.who, tuple(tb.frames), typ, msg, exc_line, tb.cut_top,
-                                          tb.spawn_index, tb.thread, tb.chained))
+                                          tb.spawn_index, tb.thread, tb.chained, tb.segfault))
 
     # --- C++ backtraces -------------------------------------------------------------------------------------------
     def cpp_line(self, ln: Line, key: tuple[object, ...], text: str) -> bool:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 
 __all__ = ["SIGNATURE", "HEADER", "FRAME", "CHAIN", "SPAWN", "THREAD", "EXC", "IGNORED", "CPP_HEADER", "CPP_FRAME",
-           "CPP_FRAME_TORN"]
+           "CPP_FRAME_TORN", "SEGV"]
 
 _STAMP = r"(?:[A-Z][a-z]{2} {1,2}\d{1,2} \d\d:\d\d:\d\d |\d{4}-\d\d-\d\dT[\d:.]{8,20}Z |\s{0,4}E {2,})?"
 # Frame lines mark a traceback (a header without frames holds nothing to read): both kinds are anchored, so the
@@ -41,6 +41,11 @@ FRAME = re.compile(r"^(?P<ind>\s{0,80})(?:> )?File \"(?P<file>[^\"\n]{1,2000})\"
                    r"(?P<func>\S.{0,400}?)\s*$")
 CHAIN = re.compile(r"^\s{0,8}(?:During handling of the above exception, another exception occurred|The above "
                    r"exception was the direct cause of the following exception):\s*$")
+# torch's fatal-signal report (2.x): the native frames that follow are printed like Python frames, innermost first:
+#   !!!!!!! Segfault encountered !!!!!!!
+#     File "/libvgpu/src/allocator/allocator.c", line 44, in oom_check
+#     File "<unknown>", line 0, in _PyEval_EvalFrameDefault
+SEGV = re.compile(r"!{3,20} ?Segfault encountered ?!{3,20}")
 SPAWN = re.compile(r"-- Process (?P<i>\d{1,6}) terminated with the following error:")
 THREAD = re.compile(r"Exception in thread (?P<name>.{1,200}?):\s*$")
 # the exception line: a (dotted) name, then ": message" or nothing
