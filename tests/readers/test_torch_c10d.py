@@ -165,6 +165,20 @@ def test_nccl_errors_keep_their_reason_lines_per_rank() -> None:
     assert "Connection reset by peer" in o["detail"] and o["line"] == 1
 
 
+def test_nccl_internal_error_with_a_cuda_failure_as_its_last_error() -> None:
+    text = (b"[rank1]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp"
+            b":317, internal error - please report this issue to the NCCL developers, NCCL version 2.21.5\n"
+            b"[rank1]: ncclInternalError: Internal check failed.\n"
+            b"[rank1]: Last error:\n"
+            b"[rank1]: Cuda failure 'peer access is not supported between these two devices'\n"
+            b"Cuda failure 'out of memory'\n")
+    r = torch_c10d.read_doc(text_of_bytes("e.log", text))
+    got = {(o["rank"], o["name"], o["line"]): o for o in obs(r, "transport_error")}
+    assert set(got) == {(1, "nccl_error", 1), (None, "cuda_error", 5)}
+    assert "peer access is not supported" in got[(1, "nccl_error", 1)]["detail"]
+    assert "ncclInternalError" in got[(1, "nccl_error", 1)]["detail"]
+
+
 def test_communicator_aborted_names_its_rank() -> None:
     r = read(FIELD / "mmdetection-12392" / "log.txt")
     [o] = obs(r, "transport_error")

@@ -233,7 +233,8 @@ class _Scanner:
             self.last_error_at = None
             rec = self.out.records[idx]
             if (isinstance(rec, TransportError) and no == at + 1 and ln.prefix.rank == rank
-                    and not KEY.search(text) and not text.lstrip().startswith(("Traceback", "File "))):
+                    and (not KEY.search(text) or P["cuda_failure"].search(text))
+                    and not text.lstrip().startswith(("Traceback", "File "))):
                 self.out.records[idx] = replace(rec, text=f"{rec.text} | {text.strip()}")
                 return True
         if self.nccl is not None:
