@@ -114,6 +114,7 @@ def test_client_socket_timeout_is_a_connect_failure() -> None:
 def test_store_based_barrier_waiting_and_timed_out() -> None:
     # its five equal-width "Waiting" lines are taken for one terminal-wrapped line by the opener: cited at line 6
     r = read(FIELD / "yolov5-4409" / "train_output.txt")
+    assert r.world_size == 4
     [o] = obs(r, "init_failure")
     assert (o["rank"], o["name"], o["value"], o["line"]) == (0, "store_barrier", 60, 6)
     assert "num_workers_joined=16 world_size=4" in o["detail"] and "still waiting" in o["detail"]
@@ -159,6 +160,7 @@ def test_nccl_errors_keep_their_reason_lines_per_rank() -> None:
     assert set(errs) == {10, 13} and {o["name"] for o in errs.values()} == {"nccl_error"}
     assert "unhandled system error" in errs[13]["detail"] and "ncclSystemError" in errs[13]["detail"]
     assert "Traceback" not in errs[10]["detail"]   # the next rank's traceback is not rank 10's "Last error"
+    assert [(o["name"], o["detail"], o["line"]) for o in obs(r, "version")] == [("nccl", "2.20.5", 15)]
     r = read(FIX / "nccl2076_remote_error.txt")
     [o] = obs(r, "transport_error")
     assert "remote process exited" in o["detail"] and "ncclRemoteError" in o["detail"]

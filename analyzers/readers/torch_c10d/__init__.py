@@ -78,6 +78,9 @@ FIELD_MAP: tuple[ColumnMap, ...] = (
               "1.8"),
     ColumnMap("Watchdog caught collective operation timeout (no WorkNCCL body)",
               "OBSERVATIONS.kind=exception name=type or watchdog_timeout", "str", "-", "1.8"),
+    ColumnMap("NCCL version V (in an NCCL error)", "OBSERVATIONS.kind=version name=nccl detail=V", "str", "-", "1.8"),
+    ColumnMap("world_size=N of store_based_barrier_key:1 (init_process_group's barrier)", "ReadResult.world_size",
+              "int", "null", "1.8"),
     ColumnMap("[rankN]: prefix | [PG .. Rank N] of the default group | file name | [Rank N]",
               "EVENTS.rank OBSERVATIONS.rank OBSERVATIONS.group", "int", "null", "-"),
 )
@@ -91,6 +94,7 @@ OBSERVATION_KINDS: dict[str, str] = {
     "watchdog_stuck": "the NCCL watchdog's heartbeat monitor: heartbeat | watchdog_hang",
     "rank_exit": "abort on an uncaught C++ exception or by the heartbeat monitor (signal 6)",
     "exception": "the C++ exception type of a terminate, or a watchdog timeout cut before its WorkNCCL body",
+    "version": "nccl: the NCCL version an NCCL error names",
 }
 
 
@@ -100,5 +104,9 @@ def read_doc(doc: TextDoc) -> ReadResult:
     events, obs = build(found.records, doc.path, FORMAT)
     if not events and not obs:
         raise ReaderError(doc.path, "no torch c10d error or status message found")
+    for version, line in found.nccl_versions.items():   # context: the NCCL an error came from
+        obs.append(dict(kind="version", name="nccl", detail=version, source=FORMAT, file=doc.path, line=line))
+    world = found.world_sizes.pop() if len(found.world_sizes) == 1 else None
     return ReadResult(file=doc.path, format=FORMAT, events=schema.table_from_rows(schema.EVENTS, events),
-                      observations=schema.table_from_rows(schema.OBSERVATIONS, obs), skipped=tuple(found.skipped))
+                      observations=schema.table_from_rows(schema.OBSERVATIONS, obs), skipped=tuple(found.skipped),
+                      world_size=world)

@@ -146,6 +146,8 @@ class BareTimeout:
 class Scan:
     records: list[object] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+    world_sizes: set[int] = field(default_factory=set)    # stated by the default group's store-based barrier
+    nccl_versions: dict[str, int] = field(default_factory=dict)   # "NCCL version 2.20.5" -> first line
 
 
 def scan(doc: TextDoc) -> Scan:
@@ -367,6 +369,8 @@ class _Scanner:
         for key, state in (("sbb_timeout", "timed_out"), ("sbb_wait", "waiting")):
             for m in P[key].finditer(body):   # several, when equal-width lines were joined as a wrapped one
                 found = True
+                if m.group("key").rstrip(",") == "store_based_barrier_key:1":   # init_process_group's own group
+                    self.out.world_sizes.add(int(m.group("ws")))
                 self.add(StoreBarrier(no, who, int(m.group("rank")), m.group("key").rstrip(","), int(m.group("ws")),
                                       int(m.group("got")), _seconds(m.group("t")), state, m.group(0)))
         if found:
@@ -376,7 +380,7 @@ class _Scanner:
             self.add(StoreBarrier(no, who, int(m.group("rank")), m.group("key").rstrip(",."), None, None, None,
                                   "done", body[m.start():]))
             return True
-        m = P["store_clients"].search(body)
+        m = P["store_clients"].search(body)   # its n clients are agents under torchrun, not ranks: no world size
         if m:
             self.add(InitFailure(no, who, None, "store", int(m.group("s")), body[m.start():]))
             return True
@@ -437,7 +441,10 @@ class _Scanner:
         if m:
             self.add(TransportError(no, who, "nccl_error", None, body[m.start():], rank=int(m.group("rank"))))
             return
-        m = P["nccl_in"].search(body) or P["nccl_err"].search(body)
+        m = P["nccl_in"].search(body)
+        if m and m.group("ver"):
+            self.out.nccl_versions.setdefault(m.group("ver").rstrip(".,"), no)
+        m = m or P["nccl_err"].search(body)
         if m:
             self.add(TransportError(no, who, "nccl_error", None, body[m.start():]))
             self.nccl = (no, len(self.out.records) - 1, who.prefix_rank)
