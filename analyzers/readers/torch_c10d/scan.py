@@ -164,7 +164,6 @@ class _Scanner:
         self.terminate: tuple[int, Speaker, str] | None = None    # (line, speaker, type) awaiting what()
         self.desync_by: int | None = None
         self.snapshot: tuple[int, int, str] | None = None        # (line, seq, state) of a desync snapshot header
-        self.fp_pending: tuple[int, Fingerprint] | None = None    # a fingerprint whose line was cut
 
     def note(self, no: int, why: str, text: str) -> None:
         self.out.skipped.append(Skipped(self.doc.path, no, f"{why}: {text[:160]!r}"))
@@ -264,13 +263,13 @@ class _Scanner:
         if self.snapshot is not None:
             s_no, seq, _ = self.snapshot
             m = P["ds_snap_ranks"].match(text)
-            if m and no - s_no <= 64:
+            if no - s_no > 64:
+                self.snapshot = None      # a report is a few lines: a later "[..] started X" is something else
+            elif m:
                 who, _body = speaker(ln, text, self.doc.name_rank)
                 self.add(Desync(no, who, self.desync_by, ranks_of(m.group("ranks")), m.group("state"), seq,
                                 m.group("op")))
                 return True
-            if not P["ds_snap_seq"].match(text) and not text.strip().startswith("- ") and no - s_no > 64:
-                self.snapshot = None
         return False
 
     # --- ProcessGroupWrapper mismatch ------------------------------------------------------------------------------
