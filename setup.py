@@ -1,11 +1,31 @@
-"""Build script for the one compiled piece: ranktrace.tracer.rank._fastspan (the traced-call fast path, tracer/rank/_fastspan.c).
+"""Build script: the package map (the folders tracer/ and analyzers/ install as ranktrace.tracer and
+ranktrace.analyzers, every sub-package found here so none can be forgotten) and the one compiled piece,
+ranktrace.tracer.rank._fastspan (tracer/rank/_fastspan.c).
 
-Everything else is in pyproject.toml. The extension is optional: where it cannot be compiled (no compiler, a
-Python older than 3.11), installation still succeeds and tracer.hooks runs its pure-Python wrappers.
+The extension is optional: where it cannot be compiled (no compiler, a Python older than 3.11), installation
+still succeeds and the ranks run the pure-Python wrappers. Everything else is in pyproject.toml.
 """
+import os
+
 from setuptools import Extension, setup
 
+ROOTS = {"ranktrace": "ranktrace", "ranktrace.tracer": "tracer", "ranktrace.analyzers": "analyzers"}
+
+
+def packages() -> list:
+    out = []
+    for name, folder in ROOTS.items():
+        for dirpath, dirnames, filenames in os.walk(folder):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "_")) and d != "__pycache__")
+            if "__init__.py" in filenames:
+                rel = os.path.relpath(dirpath, folder)
+                out.append(name if rel == "." else name + "." + rel.replace(os.sep, "."))
+    return sorted(set(out))
+
+
 setup(
+    packages=packages(),
+    package_dir=ROOTS,
     ext_modules=[
         Extension("ranktrace.tracer.rank._fastspan", ["tracer/rank/_fastspan.c"], optional=True,
                   extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wno-missing-braces"]),

@@ -19,6 +19,9 @@ from ranktrace.analyzers.readers.nccl_tests import signatures as _nccl_tests
 from ranktrace.analyzers.readers.progress import signatures as _progress
 from ranktrace.analyzers.readers.ps_top import signatures as _ps_top
 from ranktrace.analyzers.readers.text import TextDoc
+from ranktrace.analyzers.readers.torch_c10d.signatures import SIGNATURE as _TORCH_C10D
+from ranktrace.analyzers.readers.torch_elastic.signatures import SIGNATURE as _TORCH_ELASTIC
+from ranktrace.analyzers.readers.traceback.signatures import SIGNATURE as _TRACEBACK
 
 __all__ = ["Family", "FAMILIES", "Scan", "scan"]
 
@@ -39,6 +42,7 @@ def _rx(*alternatives: str) -> re.Pattern[str]:
 
 
 _FRAME_PY = r"\s*(?:\S.{0,300}?) \((?:[^()\s][^()]{0,300}):\d{1,7}\)\s*$"   # py-spy frame line: func (file.py:12)
+
 
 FAMILIES: tuple[Family, ...] = (
     Family("pyspy", "ranktrace.analyzers.readers.pyspy", _rx(
@@ -88,6 +92,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("ps_top", "ranktrace.analyzers.readers.ps_top", _rx(*_ps_top.CATALOGUE)),
     Family("env_versions", "ranktrace.analyzers.readers.env_versions", _rx(*_env_versions.CATALOGUE)),
     Family("progress", "ranktrace.analyzers.readers.progress", _rx(*_progress.CATALOGUE)),
+    Family("torch_c10d", "ranktrace.analyzers.readers.torch_c10d", re.compile(_TORCH_C10D)),
+    Family("torch_elastic", "ranktrace.analyzers.readers.torch_elastic", re.compile(_TORCH_ELASTIC)),
+    Family("traceback", "ranktrace.analyzers.readers.traceback", re.compile(_TRACEBACK)),
 )
 
 
