@@ -14,8 +14,9 @@ from ranktrace.analyzers.diagnose.graph_rule import graph_capture
 from ranktrace.analyzers.diagnose.init_rule import init_hang, nccl_init_hang
 from ranktrace.analyzers.diagnose.failure_rule import init_failure, rank_exit
 from ranktrace.analyzers.diagnose.stacks_rule import anonymous_stacks, stacks_only
+from ranktrace.analyzers.diagnose.startup_rule import startup_stall
 from ranktrace.analyzers.diagnose.statement_rule import stated_mismatch, stated_missing
-from ranktrace.analyzers.diagnose.watchdog_rule import barrier_timeout, reported_timeouts
+from ranktrace.analyzers.diagnose.watchdog_rule import barrier_timeout, gloo_timeout, reported_timeouts
 from ranktrace.analyzers.diagnose.waiting_rule import mismatch, stuck, waiting
 from ranktrace.analyzers.sources import Inputs
 from ranktrace.analyzers.verdict import Evidence, Finding, RankState, Verdict
@@ -24,8 +25,8 @@ __all__ = ["RULES", "diagnose", "build_context"]
 
 Rule = Callable[[Context], list[Candidate]]
 RULES: list[Rule] = [init_hang, nccl_init_hang, graph_capture, mismatch, stated_mismatch, stated_missing, waiting,
-                     init_failure, rank_exit, barrier_timeout, stuck, reported_timeouts, stacks_only, anonymous_stacks,
-                     blocked_outside]
+                     init_failure, rank_exit, barrier_timeout, stuck, reported_timeouts, gloo_timeout, stacks_only, anonymous_stacks,
+                     blocked_outside, startup_stall]
 
 
 def diagnose(ctx: Context) -> Verdict:
@@ -77,7 +78,8 @@ def _sentence(s: str) -> str:
 
 
 def _serving(ctx: Context) -> bool:
-    return any(p == "serving" for p in ctx.phases.values())
+    return any(p == "serving" for p in ctx.phases.values()) or any(
+        o["name"] == "server_ready" for o in ctx.observations("completion"))
 
 
 def _status(ctx: Context, primary: Candidate | None) -> str:
@@ -88,13 +90,41 @@ def _status(ctx: Context, primary: Candidate | None) -> str:
         if job.exit_code == 0 and primary is None:
             return "completed"
         return "crashed" if (job.exit_code or job.signal) else ("hang" if primary else "completed")
-    if not job.traced and (ctx.observations("watchdog_pg_status") or _watchdog_timeouts(ctx)):
+    if not job.traced and (ctx.observations("watchdog_pg_status") or _watchdog_timeouts(ctx) or _crash_shown(ctx)):
         return "crashed"
     if primary is not None:
         return "hang"
     if _serving(ctx):
         return "idle"
+    if not job.traced and _finished(ctx):
+        return "completed"
     return "inconclusive"
+
+
+def _crash_shown(ctx: Context) -> bool:
+    """The inputs show a rank ending in an error (an exception other than a person's Ctrl-C, a fatal signal, a
+    transport or NCCL error, an exit status other than 0): the job crashed, whatever else is known."""
+    if any(not (o["name"] == "exit" and o["value"] == 0) for o in ctx.observations("rank_exit")):
+        return True
+    if any(o["name"] not in ("KeyboardInterrupt", None) for o in ctx.observations("exception")):
+        return True
+    return bool(ctx.observations("transport_error") or ctx.observations("py_fatal_error")
+                or ctx.observations("watchdog_stuck"))
+
+
+def _first_error(ctx: Context) -> str | None:
+    for kind in ("rank_exit", "exception", "transport_error", "py_fatal_error", "watchdog_stuck"):
+        for o in ctx.observations(kind):
+            text = (o["detail"] or o["name"] or "").strip()
+            if text:
+                who = f"rank {o['rank']}: " if o["rank"] is not None else ""
+                return who + text[:200]
+    return None
+
+
+def _finished(ctx: Context) -> bool:
+    """The inputs say the job (or every communicator it shows) finished normally."""
+    return any(o["name"] != "server_ready" for o in ctx.observations("completion"))
 
 
 def _watchdog_timeouts(ctx: Context) -> bool:
@@ -112,6 +142,14 @@ def _no_primary(ctx: Context, status: str) -> tuple[str, str, list[str]]:
         return "no_hang", "The job completed: every collective that was issued completed.", []
     if status == "idle":
         return "no_hang", "The job is serving and idle: ranks wait for requests, nothing is pending.", []
+    if status == "crashed" and not job.traced:
+        what = _first_error(ctx)
+        return ("unknown", f"A rank failed{': ' + what if what else ''}; nothing shows which collective or rank the "
+                "others were waiting for.",
+                ["Read the first error of each rank (its stderr / log): the earliest one is the cause, later ones "
+                 "(timeouts, aborted communicators) are consequences."])
+    if status == "completed" and not job.traced:
+        return "no_hang", "The inputs show the job finishing normally; nothing in them is left pending.", []
     if status == "crashed":
         code = f"signal {job.signal}" if job.signal else f"status {job.exit_code}"
         return ("unknown", f"The job ended with {code}; no collective was left pending, so this is a crash, not a "

@@ -105,14 +105,28 @@ def _init_op(ctx: Context) -> str | None:
     return names.most_common(1)[0][0] if names else None
 
 
-_ROOT = re.compile(r"root cause|first observed failure", re.IGNORECASE)
+_ROOT = re.compile(r"root cause|first observed failure|root_cause=yes", re.IGNORECASE)
+#: an exit that is the watchdog (or a timeout, or the launcher) ending a rank that was itself waiting: a consequence
+_CONSEQUENCE = re.compile(r"[Ww]atchdog|[Tt]imed? ?out|Timeout|terminated_by=|Terminating the process|"
+                          r"Connection (?:closed|reset) by peer|communicator was aborted|Socket Timeout")
+_FATAL_CAUSE = re.compile(r"Segmentation fault|Bus error|Floating point exception|Illegal instruction")
+
+
+def _fatal_errors(ctx: Context) -> list[dict[str, Any]]:
+    """faulthandler's "Fatal Python error: Segmentation fault" (not "Aborted": that is usually the watchdog's abort)
+    as a rank exit."""
+    out = []
+    for o in ctx.observations("py_fatal_error"):
+        if _FATAL_CAUSE.search(o["detail"] or ""):
+            out.append({**o, "name": "segfault", "value": 11})
+    return out
 
 
 def rank_exit(ctx: Context) -> list[Candidate]:
     """A rank died first (its exit is stated); the others were then waiting for it or were torn down."""
-    rows = [r for r in ctx.observations("rank_exit")]
+    rows = [r for r in ctx.observations("rank_exit")] + _fatal_errors(ctx)
     causes = [r for r in rows if not (r["name"] == "signal" and r["value"] in CONSEQUENTIAL_SIGNALS)
-              and not (r["name"] == "exit" and r["value"] == 0)]
+              and not (r["name"] == "exit" and r["value"] == 0) and not _CONSEQUENCE.search(r["detail"] or "")]
     if not causes:
         return []
     root = [r for r in causes if _ROOT.search(r["detail"] or "")] or causes

@@ -123,14 +123,19 @@ def stated_mismatch(ctx: Context) -> list[Candidate]:
 
 
 def _from_fingerprints(ctx: Context, fps: list[dict[str, Any]]) -> list[Candidate]:
-    by_seq: dict[Any, dict[int, dict[str, Any]]] = {}
+    # fingerprints at one sequence number from several reports; else the ranks one report compares (its other
+    # rank's sequence number is often not the same: "Sequence number: 32vs 0")
+    groups: dict[Any, dict[int, dict[str, Any]]] = {}
     for r in fps:
-        by_seq.setdefault(r["value"], {})[r["rank"]] = r
-    seq = next((s for s in sorted(by_seq, key=lambda s: (s is None, s))
-                if len({_sig(r) for r in by_seq[s].values()}) > 1), None)
-    if seq not in by_seq:
+        groups.setdefault(("seq", r["value"]), {})[r["rank"]] = r
+    for r in fps:
+        groups.setdefault(("stmt", r["file"], r["line"]), {})[r["rank"]] = r
+    key = next((k for k in sorted(groups, key=lambda k: (k[0] != "seq", str(k[1:])))
+                if len({_sig(r) for r in groups[k].values()}) > 1), None)
+    if key is None:
         return []
-    ranks = by_seq[seq]
+    ranks = groups[key]
+    seq = key[1] if key[0] == "seq" else max((r["value"] for r in ranks.values() if r["value"]), default=None)
     sigs = Counter(_sig(r) for r in ranks.values())
     (top, n_top), *rest = sigs.most_common()
     if rest and n_top > rest[0][1]:

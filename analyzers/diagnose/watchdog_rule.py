@@ -24,7 +24,7 @@ from ranktrace.analyzers.diagnose.candidate import Candidate, op_evidence, opera
 from ranktrace.analyzers.diagnose.context import Context
 from ranktrace.analyzers.verdict import Evidence, Finding, Operation, WaitEdge
 
-__all__ = ["barrier_timeout", "reported_timeouts", "is_barrier_like"]
+__all__ = ["barrier_timeout", "reported_timeouts", "gloo_timeout", "is_barrier_like"]
 
 _TIMEOUT_SOURCES = frozenset({"watchdog", "traceback", "torch_errors", "gloo"})
 _OWN_SOURCES = frozenset({"events", "ras"})  # ours are aligned by seq always; RAS counts are seqs too
@@ -150,3 +150,20 @@ def _stuck_steps() -> list[str]:
             "or a py-spy dump of each rank while it hangs.",
             "If every rank is in it: a transport or GPU problem — rerun with NCCL_DEBUG=INFO and try "
             "NCCL_P2P_DISABLE=1 / NCCL_IB_DISABLE=1 to isolate the path."]
+
+
+def gloo_timeout(ctx: Context) -> list[Candidate]:
+    """gloo's "Timed out waiting Nms for recv operation to complete": gloo ops are synchronous send/recv between
+    peers, so a timeout means a peer never reached the matching op (a broken link says "Connection closed")."""
+    rows = [o for o in ctx.observations("transport_error") if o["name"] == "gloo_timeout"]
+    if not rows or ctx.graph.edges or ctx.graph.stuck:
+        return []
+    ranks = tuple(sorted({o["rank"] for o in rows if o["rank"] is not None}))
+    summary = (f"{ranks_text(ranks) if ranks else 'a rank'} timed out in a gloo collective waiting for a peer's "
+               "data: a peer never reached the same op (which one, these lines do not say)")
+    ev = tuple(Evidence(o["source"] or "log", o["file"], o["line"], (o["detail"] or "")[:200], o["rank"])
+               for o in rows[:6])
+    return [Candidate("missing_ranks", summary, waiting=ranks,
+                      findings=[Finding("missing_ranks", summary, ranks, 0.4, ev)],
+                      next_steps=["Find the rank that did not reach the collective: its own log or a stack dump "
+                                  "(py-spy dump --pid); with TORCH_DISTRIBUTED_DEBUG=DETAIL, torch names it."])]

@@ -261,14 +261,30 @@ def read_doc(doc: TextDoc) -> ReadResult:
     timeouts: list[_Timeout] = []
     statuses: list[_Status] = []
     skipped: list[Skipped] = []
-    for ln in doc.lines:
+    lines = doc.lines
+    for i, ln in enumerate(lines):
         text = ln.text
+        if "operation timeout" in text and "WorkNCCL(" not in text:
+            text = _with_continuation(text, lines[i + 1:i + 4])
         if "WorkNCCL(" not in text and "enqueued" not in text:
             continue
         _parse_line(canonical_prefix(ln.prefix, with_pid=True) + text, ln.no, timeouts, statuses, skipped, doc.path)
     if not timeouts and not statuses:
         raise ReaderError(doc.path, "no ProcessGroupNCCL watchdog timeout or PG status line found")
     return _build(doc.path, timeouts, statuses, skipped)
+
+
+def _with_continuation(text: str, following: list) -> str:
+    """A timeout message broken over lines by the person who pasted it (``... operation timeout:`` then an indented
+    ``WorkNCCL(..., OpType=ALLREDUCE, ...)`` and ``ran for N milliseconds``): its indented continuation joined back."""
+    for nxt in following:
+        body = nxt.text
+        if not body[:1].isspace() and not body.startswith(("WorkNCCL(", "ran for")):
+            break
+        text = text.rstrip() + " " + body.strip()
+        if "ran for" in body:
+            break
+    return text
 
 
 def _parse_line(text: str, ln: int, timeouts: list[_Timeout], statuses: list[_Status],

@@ -48,7 +48,15 @@ _KEYS = (
     r"(?:Error)?: ", r"Cuda failure '", r"CUDA error: ", r"terminate called after throwing an instance of",
     r"what\(\): ",
 )
-SIGNATURE = rf"(?:{_LEAD}|{_GLOG_ANYWHERE})\s{{0,40}}(?:- |\")?(?:{'|'.join(_KEYS)})"
+# ... or, for the few phrases no other text has, anywhere in the first 400 characters (an application's own logger
+# wrapping torch's message: "[RANK 1] 2026-05-19 10:10:29,701 [ERROR] GPU circuit breaker OPEN: cuda_error - Detected
+# mismatch between collectives ...").
+_UNMISTAKABLE = (r"Detected mismatch between collectives", r"failed to pass monitoredBarrier",
+                 r"Watchdog caught collective operation timeout", r"NCCL communicator was aborted",
+                 r"Timed out initializing process group in store based barrier", r"is setting up NCCL communicator",
+                 r"ProcessGroupNCCL's watchdog got stuck", r"Heartbeat monitor timed out")
+SIGNATURE = (rf"(?:(?:{_LEAD}|{_GLOG_ANYWHERE})\s{{0,40}}(?:- |\")?(?:{'|'.join(_KEYS)})"
+             rf"|.{{0,400}}?(?:{'|'.join(_UNMISTAKABLE)}))")
 
 #: One search over a line says whether any message is in it (the scanner's cheap filter).
 KEY = re.compile("|".join(_KEYS))
