@@ -52,6 +52,8 @@ def build(records: list[object], file: str, source: str) -> tuple[list[dict[str,
         if isinstance(r, Traceback) and r.segfault is not None:
             k += 1
             _segfault(r, k, base, file, source, stacks, obs)
+        elif isinstance(r, Traceback) and _of_a_tool(r):
+            continue           # a diagnosis tool's own crash (torch's fr_trace on odd dumps): not the job's
         elif isinstance(r, Traceback):
             frames = list(reversed(r.frames))            # innermost first
             rank = _rank(r)
@@ -131,6 +133,13 @@ def _segfault(r: Traceback, k: int, base: str, file: str, source: str, stacks: l
     if stage is not None:
         obs.append(dict(host=r.who.host, pid=r.who.pid, rank=rank, kind="init_failure", name=stage[0],
                         detail=clip(f"segfault inside {stage[1]}"), source=source, file=file, line=r.line))
+
+
+_TOOLS = ("flight_recorder/", "torchfrtrace", "fr_trace.py", "/py_spy/", "ranktrace/")
+
+
+def _of_a_tool(r: Traceback) -> bool:
+    return any(any(tool in (f.file or "") for tool in _TOOLS) for f in r.frames)
 
 
 def _rank(r: Traceback) -> int | None:
