@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = ["SCHEMA", "STATUSES", "KINDS", "Evidence", "Finding", "Operation", "WaitEdge", "RankState", "Verdict",
+           "InputSummary",
            "compact_ranks", "operation_text"]
 
 SCHEMA = "ranktrace.verdict/1"
@@ -71,6 +72,29 @@ class RankState:
 
 
 @dataclass(frozen=True)
+class InputSummary:
+    """How one input file was read: the families that recognised it, the ranks it named, the lines used."""
+
+    file: str
+    recognised: tuple[str, ...] = ()
+    ranks: tuple[int, ...] = ()
+    lines_used: int | None = None
+    lines_total: int | None = None
+    note: str = ""
+
+    def text(self) -> str:
+        what = ", ".join(self.recognised) if self.recognised else "not recognised"
+        parts = [f"{self.file}: {what}"]
+        if self.ranks:
+            parts.append(("rank " if len(self.ranks) == 1 else "ranks ") + compact_ranks(self.ranks))
+        if self.lines_total:
+            parts.append(f"{self.lines_used or 0} of {self.lines_total} lines used")
+        if self.note:
+            parts.append(self.note)
+        return " · ".join(parts)
+
+
+@dataclass(frozen=True)
 class Verdict:
     status: str
     kind: str
@@ -87,6 +111,7 @@ class Verdict:
     world_size: int | None = None
     stack_tree: str = ""     # merged STAT-style tree, rendered (text)
     inputs: tuple[str, ...] = ()
+    input_reads: tuple[InputSummary, ...] = ()
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -121,6 +146,8 @@ class Verdict:
                       for r, s in sorted(self.ranks.items())},
             "stack_tree": self.stack_tree,
             "inputs": list(self.inputs),
+            "input_reads": [{**asdict(i), "recognised": list(i.recognised), "ranks": list(i.ranks)}
+                            for i in self.input_reads],
         }
 
     @classmethod
@@ -147,6 +174,8 @@ class Verdict:
             ranks={int(r): RankState(**{**s, "stack": tuple(s.get("stack", ())), "pids": tuple(s.get("pids", ()))})
                    for r, s in d.get("ranks", {}).items()},
             world_size=d.get("world_size"), stack_tree=d.get("stack_tree", ""), inputs=tuple(d.get("inputs", ())),
+            input_reads=tuple(InputSummary(**{**i, "recognised": tuple(i.get("recognised", ())),
+                                              "ranks": tuple(i.get("ranks", ()))}) for i in d.get("input_reads", ())),
         )
 
 

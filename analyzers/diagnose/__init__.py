@@ -19,7 +19,7 @@ from ranktrace.analyzers.diagnose.statement_rule import stated_mismatch, stated_
 from ranktrace.analyzers.diagnose.watchdog_rule import barrier_timeout, gloo_timeout, reported_timeouts
 from ranktrace.analyzers.diagnose.waiting_rule import mismatch, stuck, waiting
 from ranktrace.analyzers.sources import Inputs
-from ranktrace.analyzers.verdict import Evidence, Finding, RankState, Verdict
+from ranktrace.analyzers.verdict import Evidence, Finding, InputSummary, RankState, Verdict
 
 __all__ = ["RULES", "diagnose", "build_context"]
 
@@ -68,6 +68,8 @@ def diagnose(ctx: Context) -> Verdict:
         status=status, unobserved_ranks=unobserved, rank_space=rank_space, findings=tuple(findings),
         ranks=_rank_table(ctx), world_size=world, stack_tree=_stack_tree(ctx),
         inputs=tuple(sorted({str(h.host_dir) for h in inputs.hosts} | set(inputs.formats))),
+        input_reads=tuple(InputSummary(r.file, r.recognised, r.ranks, r.lines_used, r.lines_total, r.note)
+                          for r in inputs.reads),
         **verdict_args,  # type: ignore[arg-type]
     )
 

@@ -33,6 +33,15 @@ def render(verdict: Verdict, width: int = 120) -> str:
         con.print(f"waiting ranks: {compact_ranks(verdict.waiting_ranks)}")
     if verdict.unobserved_ranks:
         con.print(f"unobserved ranks (no evidence): {compact_ranks(verdict.unobserved_ranks)}")
+    if verdict.input_reads:
+        shown = verdict.input_reads[:12]
+        con.print(Text("inputs:", style="bold"))
+        for i in shown:
+            con.print("  " + i.text(), markup=False)
+        if len(verdict.input_reads) > len(shown):
+            rest = verdict.input_reads[len(shown):]
+            used = sum(1 for i in rest if i.recognised)
+            con.print(f"  ... and {len(rest)} more ({used} recognised)", markup=False)
     if verdict.ranks:
         t = Table(title=None, show_edge=False, pad_edge=False)
         for col in ("rank", "state", "inside", "last op", "where"):
