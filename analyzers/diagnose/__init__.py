@@ -2,6 +2,7 @@
 (hang / crashed / completed / idle / inconclusive) is decided apart from the kind, from what the job itself did."""
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Callable
 
@@ -79,9 +80,14 @@ def _sentence(s: str) -> str:
     return (s[0].upper() + s[1:] + ("" if s.endswith(".") else ".")) if s else s
 
 
+_SERVING_PROGRESS = frozenset({"requests", "batches", "running_requests"})
+
+
 def _serving(ctx: Context) -> bool:
+    """The server says it serves (a ready line, a serving phase) or its log shows requests being served."""
     return any(p == "serving" for p in ctx.phases.values()) or any(
-        o["name"] == "server_ready" for o in ctx.observations("completion"))
+        o["name"] == "server_ready" for o in ctx.observations("completion")) or any(
+        o["name"] in _SERVING_PROGRESS for o in ctx.observations("progress"))
 
 
 def _status(ctx: Context, primary: Candidate | None) -> str:
@@ -110,8 +116,16 @@ def _crash_shown(ctx: Context) -> bool:
         return True
     if any(o["name"] not in ("KeyboardInterrupt", None) for o in ctx.observations("exception")):
         return True
+    st = ctx.inputs.stacks
+    if st.num_rows and "exception" in st["thread_state"].to_pylist():
+        return True  # a traceback was printed: an exception ended that process, even if the paste cuts its line
+    if any(not _STILL_TRYING.search(o["detail"] or "") for o in ctx.observations("init_failure")):
+        return True  # a set-up timeout is raised (DistStoreError, DistNetworkError, RuntimeError)
     return bool(ctx.observations("transport_error") or ctx.observations("py_fatal_error")
-                or ctx.observations("watchdog_stuck"))
+                or ctx.observations("watchdog_stuck") or ctx.observations("fingerprint"))
+
+
+_STILL_TRYING = re.compile(r"still waiting|retrying|^Waiting", re.IGNORECASE)
 
 
 def _first_error(ctx: Context) -> str | None:

@@ -105,6 +105,7 @@ def _init_op(ctx: Context) -> str | None:
     return names.most_common(1)[0][0] if names else None
 
 
+_LOCAL = re.compile(r"\blocal_rank[=:] ?(\d{1,6})")
 _ROOT = re.compile(r"root cause|first observed failure|root_cause=yes", re.IGNORECASE)
 #: an exit that is the watchdog (or a timeout, or the launcher) ending a rank that was itself waiting: a consequence
 _CONSEQUENCE = re.compile(r"[Ww]atchdog|[Tt]imed? ?out|Timeout|terminated_by=|Terminating the process|"
@@ -131,6 +132,11 @@ def rank_exit(ctx: Context) -> list[Candidate]:
         return []
     root = [r for r in causes if _ROOT.search(r["detail"] or "")] or causes
     culprits = tuple(sorted({r["rank"] for r in root if r["rank"] is not None}))
+    assumed_local = False
+    if not culprits:  # only a launcher's local rank is known: on one node (the usual paste) it is the rank
+        local = {int(m.group(1)) for r in root if (m := _LOCAL.search(r["detail"] or ""))}
+        if local and len({r["host"] for r in rows if r["host"]}) <= 1:
+            culprits, assumed_local = tuple(sorted(local)), True
     pending = ctx.ops.filter(ctx.ops["issued"]) if ctx.ops.num_rows else ctx.ops
     waiting_ops = [r for r in pending.to_pylist() if not r.get("completed") and r["rank"] not in culprits] \
         if pending.num_rows else []
@@ -141,6 +147,8 @@ def rank_exit(ctx: Context) -> list[Candidate]:
              "oom": "was killed for running out of memory", "exception": "raised an exception",
              "exit": f"exited with status {how['value']}"}.get(how["name"] or "", "exited")
     who = ranks_text(culprits) if culprits else "a rank"
+    if assumed_local:
+        who = ("local " + who) + " (the global rank, if this is one node)"
     summary = f"{who} {cause}" + (f" while {ranks_text(waiting)} waited in {op_name[0][0]}" if waiting and op_name
                                    else "") + "; the rest of the job was torn down after it"
     steps = [f"Read {who}'s own output just before it ended (its traceback, an OOM-killer line in dmesg, a CUDA error): "

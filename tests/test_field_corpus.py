@@ -1,0 +1,96 @@
+"""`trace analyze` on artifacts as people posted them in public threads (tests/field/<case>/, each with its URL and
+the truth its thread established).
+
+Two kinds of check: each verdict the field rules can give, produced from a real case that shows it (what a person
+on call would read: status, kind, op, culprits); and the whole corpus scored as bench/field_score.py scores it, as a
+regression that must not drop.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ranktrace.analyzers import facade
+from tests.helpers import REPO
+
+FIELD = REPO / "tests" / "field"
+
+
+def verdict(case: str) -> dict:
+    meta = json.loads((FIELD / case / "case.json").read_text())
+    return facade.analyze([FIELD / case / f for f in meta["files"]], liveness=None).verdict.to_dict()
+
+
+def brief(v: dict) -> tuple:
+    return v["status"], v["kind"], (v["operation"] or {}).get("name"), v["culprit_ranks"]
+
+
+@pytest.mark.parametrize("case, expected", [
+    # stated outright: Horovod's stall inspector names the ranks that never submitted the tensor
+    ("horovod-364", ("hang", "missing_ranks", "all_reduce", [1, 5])),
+    # ... or only the ranks that did ("ready ranks: 1, ..., 7"): the gap is the missing one
+    ("horovod-367", ("hang", "missing_ranks", "all_reduce", [0])),
+    # monitored_barrier: "Rank 2 failed to pass monitoredBarrier"
+    ("cosyvoice-180", ("crashed", "missing_ranks", "monitored_barrier", [2])),
+    # torch's Flight Recorder analyzer: "missing ranks: {3, 4, 5, 6, 7}"
+    ("pytorch-pr140969", ("hang", "missing_ranks", "all_reduce", [3, 4, 5, 6, 7])),
+    # TORCH_DISTRIBUTED_DEBUG=DETAIL: two fingerprints disagree
+    ("msswift-pr9443", ("crashed", "collective_mismatch", "all_reduce", [0, 1])),
+    # store / rendezvous set-up that never finished
+    ("pytorch-105782", ("crashed", "init_hang", "init_process_group", [])),
+    ("yolov5-4409", ("crashed", "init_hang", "init_process_group", [])),
+    # the unique-id exchange of a first barrier's communicator
+    ("sglang-4096", ("crashed", "init_hang", "barrier", [])),
+    # a rank killed first (torchelastic), the others torn down after it
+    ("rlhfv-11", ("crashed", "rank_exited", None, [0])),
+    # a barrier (1-element all_reduce) timed out on ranks 1-3 while rank 0 still tokenizes
+    ("llamafactory-2424", ("crashed", "missing_ranks", "all_reduce", [0])),
+    # every reporting rank timed out in the same broadcast (torch 1.x wording, no SeqNum)
+    ("accelerate-314", ("crashed", "stuck_in_collective", "broadcast", [])),
+    # nccl-tests output that stops after its header: the warm-up collective never finished
+    ("nccltests-117", ("hang", "stuck_in_collective", "all_reduce", [])),
+    # one process dumped with no rank, busy outside any collective
+    ("vllm-17676", ("hang", "blocked_outside_collective",
+                    "top_k_top_p_sampling_from_logits (flashinfer/sampling.py:1548)", [])),
+    # a vLLM start-up log that ends as its NCCL communicator init starts
+    ("hami-2641", ("hang", "init_hang", "nccl_comm_init", [])),
+    # completion: a communicator torn down normally is never a hang
+    ("aks-rdma-30", ("completed", "no_hang", None, [])),
+])
+def test_a_field_case_gets_the_verdict_its_thread_established(case: str, expected: tuple) -> None:
+    assert brief(verdict(case)) == expected
+
+
+def test_every_run_that_finished_or_serves_gets_no_hang_verdict() -> None:
+    done = [c.parent.name for c in sorted(FIELD.glob("*/case.json"))
+            if json.loads(c.read_text())["truth"].get("kind") == "no_hang"]
+    assert len(done) >= 10
+    got = {}
+    for c in done:
+        try:
+            got[c] = brief(verdict(c))
+        except facade.InputError:  # nothing recognised in it: `trace analyze` exits 2, not 3
+            got[c] = ("input_error",)
+    assert not {c: b for c, b in got.items() if b[0] in ("hang", "crashed")}
+    assert sum(1 for b in got.values() if b[0] in ("completed", "idle")) >= 4
+
+
+def test_each_input_says_how_it_was_read() -> None:
+    v = verdict("llamafactory-2424")
+    (read,) = v["input_reads"]
+    assert read["recognised"][:1] == ["watchdog"] and read["ranks"] == [1, 2, 3]
+    assert read["lines_used"] >= 3 and read["lines_total"] == 6
+
+
+def test_the_field_score_does_not_drop() -> None:
+    """bench/field_score.py over the whole corpus (it prints the table by family when run by hand)."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, str(REPO / "bench" / "field_score.py"), "--inproc", "--min", "73"],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    alone = res.stdout.strip().splitlines()[-1]
+    assert "files alone: " in alone and int(alone.split("files alone: ")[1].split("/")[0]) >= 53, alone
