@@ -49,8 +49,16 @@ def _progressed(ctx: Context) -> bool:
     return bool(seqs) and max(seqs) >= 3
 
 
+#: an NCCL error thrown by the call itself, of the kind communicator creation gives (socket, bootstrap, system):
+#: with no sign that any collective ran before, it is the lazy set-up of the first collective's communicator
+_SETUP_NCCL_ERROR = re.compile(r"unhandled system error|ncclSystemError|ncclInternalError|[Bb]ootstrap|socket|"
+                               r"Socket|ncclInvalidUsage")
+
+
 def init_failure(ctx: Context) -> list[Candidate]:
-    rows = ctx.observations("init_failure")
+    rows = ctx.observations("init_failure") + [
+        {**o, "name": "nccl_init"} for o in ctx.observations("transport_error")
+        if o["name"] == "nccl_error" and _SETUP_NCCL_ERROR.search(o["detail"] or "")]
     stacks_in_init = {r: s for r, s in ctx.stacks.items() if ctx.host_states.get(r) == "in_init"}
     anon_in_init = [s for s in ctx.anon_stacks if _state(s) == "in_init"]
     if not rows and not stacks_in_init and not anon_in_init:

@@ -106,8 +106,9 @@ def reported_timeouts(ctx: Context) -> list[Candidate]:
         group = next((r["group"] for r in mine if r["group"]), None)
         if len(names) > 1 and seq is not None and len({r["seq"] for r in rows}) == 1:
             return []  # different ops at one position: the mismatch rule's case
-        timed_out = any((r["source"] or "") in _TIMEOUT_SOURCES for r in mine)
-        verb = "timed out waiting in" if timed_out else "issued, and never completed,"
+        timed_out = any("time" in (r["error"] or "").lower() or r["source"] == "watchdog" for r in mine)
+        failed = any(r["error"] and not timed_out for r in mine)
+        verb = ("timed out waiting in" if timed_out else "failed in" if failed else "issued, and never completed,")
         evid = tuple(Evidence(r["source"], r["file"], r["line"],
                               f"{r['name']}: {r['error'] or r['detail'] or 'in flight'}"[:220], r["rank"]) for r in mine[:8])
         if is_barrier_like(name, shape):
@@ -121,8 +122,8 @@ def reported_timeouts(ctx: Context) -> list[Candidate]:
                               next_steps=["Find the rank that did not reach the barrier (its log shows other work)."])]
         summary = (f"{ranks_text(ranks) if ranks else 'the reporting rank'} {verb} {name}"
                    + (f" (seq {seq})" if seq is not None else "")
-                   + ": every rank shown issued it and none completed it; these lines do not say whether another "
-                     "rank never reached it")
+                   + (": every rank shown issued it and none completed it; these lines do not say whether another "
+                      "rank never reached it" if not failed else ": " + next(r["error"] for r in mine if r["error"])[:160]))
         return [Candidate("stuck_in_collective", summary, waiting=tuple(ranks),
                           operation=Operation(name=name, group=group, seq=seq, shape=shape),
                           findings=[Finding("stuck_in_collective", summary, tuple(ranks), 0.5, evid)],
