@@ -133,7 +133,7 @@ def _from_fingerprints(ctx: Context, fps: list[dict[str, Any]]) -> list[Candidat
     key = next((k for k in sorted(groups, key=lambda k: (k[0] != "seq", str(k[1:])))
                 if len({_sig(r) for r in groups[k].values()}) > 1), None)
     if key is None:
-        return []
+        return _one_side(fps)
     ranks = groups[key]
     seq = key[1] if key[0] == "seq" else max((r["value"] for r in ranks.values() if r["value"]), default=None)
     sigs = Counter(_sig(r) for r in ranks.values())
@@ -160,6 +160,20 @@ def _from_fingerprints(ctx: Context, fps: list[dict[str, Any]]) -> list[Candidat
                                         _evidence(list(ranks.values()), "fingerprint"))],
                       next_steps=[f"Make {ranks_text(culprits)} issue the same collective as the others at seq {seq}: "
                                   "a rank-dependent branch or a data-dependent shape reaches a different call."])]
+
+
+def _one_side(fps: list[dict[str, Any]]) -> list[Candidate]:
+    """A mismatch report cut before its second fingerprint: torch said the ranks disagree, one side is legible."""
+    ref = fps[0]
+    summary = (f"torch reports that ranks ran different collectives at seq {ref['value']}: {ranks_text([ref['rank']])} "
+               f"ran {_sig(ref)}; what the other rank ran is cut from the input")
+    return [Candidate("collective_mismatch", summary, waiting=(),
+                      operation=Operation(name=ref["name"], group=ref["group"], seq=ref["value"],
+                                          shape=_field(ref, "shape"), dtype=_field(ref, "dtype")),
+                      findings=[Finding("collective_mismatch", summary, (ref["rank"],), 0.6,
+                                        _evidence(fps, "fingerprint"))],
+                      next_steps=["Read the whole error line (it names the other rank and its collective), or rerun "
+                                  "with TORCH_DISTRIBUTED_DEBUG=DETAIL: make every rank issue the same collective."])]
 
 
 def _field(row: dict[str, Any], name: str) -> str | None:
