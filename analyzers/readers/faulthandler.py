@@ -37,7 +37,7 @@ from typing import Any
 from ranktrace.analyzers import schema
 from ranktrace.analyzers.readers.text import TextDoc
 from ranktrace.analyzers.readers.base import ReadResult, ReaderError, Skipped, decode_text, empty_file, read_file_bytes
-from ranktrace.analyzers.readers.rankinfer import rank_from_name, split_rank_prefix
+from ranktrace.analyzers.readers.common.ranks import rank_from_name, split_rank_prefix
 
 __all__ = ["FORMAT", "COLUMN_MAP", "sniff", "read", "read_doc"]
 

@@ -45,7 +45,7 @@ from ranktrace.analyzers.readers.base import ColumnMap, ReadResult, Skipped, emp
 from ranktrace.analyzers.readers.flight_recorder_load import _load
 from ranktrace.analyzers.readers.flight_recorder_records import FrEntry, _parse_entry, _pg_configs
 from ranktrace.analyzers.readers.flight_recorder_rows import _dump_row, _entry_rows, _group_rows, _status_rows, _world
-from ranktrace.analyzers.readers.rankinfer import rank_from_name
+from ranktrace.analyzers.readers.common.ranks import rank_from_name
 
 __all__ = [
     "FORMAT",

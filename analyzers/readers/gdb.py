@@ -41,7 +41,7 @@ from pathlib import Path
 from ranktrace.analyzers import schema
 from ranktrace.analyzers.readers.text import TextDoc
 from ranktrace.analyzers.readers.base import ReadResult, ReaderError, Skipped, decode_text, empty_file, read_file_bytes
-from ranktrace.analyzers.readers.rankinfer import rank_from_name, split_rank_prefix
+from ranktrace.analyzers.readers.common.ranks import rank_from_name, split_rank_prefix
 
 __all__ = ["FORMAT", "COLUMN_MAP", "sniff", "read", "read_doc", "frame_text"]
 

@@ -16,7 +16,7 @@ from typing import Callable
 from pathlib import Path
 
 from ranktrace.analyzers.readers.base import ReaderError, Skipped
-from ranktrace.analyzers.readers.rankinfer import rank_from_name
+from ranktrace.analyzers.readers.common.ranks import rank_from_name
 from ranktrace.analyzers.readers.text.prefixes import SRUN_PREFIX, LinePrefix, split_prefixes, strip_ansi
 
 __all__ = ["Line", "TextDoc", "open_text", "text_of_bytes", "canonical_prefix", "MAX_TEXT_BYTES", "MAX_LINE_CHARS"]

@@ -20,7 +20,7 @@ from ranktrace.analyzers.opnames import canonical_op
 from ranktrace.analyzers.readers.torch_c10d.scan import (BareTimeout, BarrierVerdict, Collective, Desync, Fingerprint,
                                                          InitFailure, StoreBarrier, Terminated, TransportError,
                                                          WatchdogStuck)
-from ranktrace.analyzers.readers.torch_common import Speaker, clip
+from ranktrace.analyzers.readers.common.torch_text import Speaker, clip
 from ranktrace.analyzers.readers.watchdog import OPTYPE_NAMES
 
 __all__ = ["build", "op_name"]

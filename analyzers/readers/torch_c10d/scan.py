@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from ranktrace.analyzers.readers.base import Skipped
 from ranktrace.analyzers.readers.text import Line, TextDoc
 from ranktrace.analyzers.readers.torch_c10d.signatures import EXC_PREFIX, KEY, P, ranks_of
-from ranktrace.analyzers.readers.torch_common import Speaker, speaker
+from ranktrace.analyzers.readers.common.torch_text import Speaker, speaker
 
 __all__ = ["Fingerprint", "Collective", "BarrierVerdict", "InitFailure", "StoreBarrier", "TransportError",
            "WatchdogStuck", "Desync", "Terminated", "BareTimeout", "Scan", "scan"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ranktrace.analyzers.readers.torch_common import SIGNALS, clip, exit_kind
+from ranktrace.analyzers.readers.common.torch_text import SIGNALS, clip, exit_kind
 from ranktrace.analyzers.readers.torch_elastic.scan import Exit, Finished, RankMap, RendezvousFailure
 
 __all__ = ["build"]

@@ -27,7 +27,7 @@ import os
 import re
 from typing import Any
 
-from ranktrace.analyzers.readers.torch_common import clip
+from ranktrace.analyzers.readers.common.torch_text import clip
 from ranktrace.analyzers.readers.traceback.frames import (cpp_init_stage, find_op, init_stage, is_app, launcher_kind,
                                                           short_file)
 from ranktrace.analyzers.readers.traceback.scan import CppBacktrace, Traceback

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from ranktrace.analyzers.readers.base import Skipped
 from ranktrace.analyzers.readers.text import Line, TextDoc
-from ranktrace.analyzers.readers.torch_common import Speaker, speaker, strip_leaders
+from ranktrace.analyzers.readers.common.torch_text import Speaker, speaker, strip_leaders
 from ranktrace.analyzers.readers.traceback.signatures import (CHAIN, CPP_FRAME, CPP_HEADER, EXC, FRAME, HEADER,
                                                               CPP_FRAME_TORN, IGNORED, SEGV, SPAWN, THREAD)
 
