@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from ranktrace.analyzers import schema
 from ranktrace.analyzers.readers.base import ColumnMap, ReadResult, ReaderError
+from ranktrace.analyzers.readers.common.stacks import stacks_table
 from ranktrace.analyzers.readers.text import TextDoc
 from ranktrace.analyzers.readers.traceback.rows import build
 from ranktrace.analyzers.readers.traceback.scan import scan
@@ -62,5 +63,5 @@ def read_doc(doc: TextDoc) -> ReadResult:
     if not stacks:
         raise ReaderError(doc.path, "no Python traceback or C++ backtrace found")
     return ReadResult(file=doc.path, format=FORMAT, events=schema.table_from_rows(schema.EVENTS, events),
-                      stacks=schema.table_from_rows(schema.STACKS, stacks),
+                      stacks=stacks_table(stacks),
                       observations=schema.table_from_rows(schema.OBSERVATIONS, obs), skipped=tuple(found.skipped))
