@@ -1,30 +1,19 @@
-"""Reader for ranktrace's own ring files (``<run>/<host>/rings/*.ring``): live, hung, killed or finished ranks.
-
-Converts one ring into the common EVENTS table, vectorised: the op slots arrive as numpy columns (tracer.ringformat
-copies the ring once, field by field), string ids map through one ``take``, and the rare meta-region events (init,
-phases, graph captures) are merged in as rows. Identity (rank, world) and group records (desc, backend, members)
-are joined onto every row so that the analyzer never has to look them up again.
-"""
+"""One ring's contents (tracer.ringformat) as an EVENTS table, vectorised: op slots arrive as numpy columns, string
+ids map through one ``take``, the rare meta-region events (init, phases, graph captures) are merged in as rows, and
+identity and group records are joined onto every row."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from ranktrace.analyzers import schema
-from ranktrace.analyzers.readers.base import ReaderError, ReadResult, Skipped
 from ranktrace.tracer import ringformat as rf
 
-__all__ = ["FORMAT", "RING_WRAPPED", "sniff", "read", "ring_to_events", "identity_of"]
+__all__ = ["RING_WRAPPED", "ring_to_events", "identity_of"]
 
-FORMAT = "ranktrace_ring"
 RING_WRAPPED = "ring_wrapped"  # mark at a wrapped ring's oldest surviving record
-
-
-def sniff(path: Path, head: bytes) -> bool:
-    return head.startswith(rf.MAGIC)
 
 
 def identity_of(rc: rf.RingContents) -> dict[str, Any]:
@@ -178,24 +167,3 @@ def _in_time_order(slot_table: pa.Table, slot_t: Any, meta_table: pa.Table) -> p
             return pa.concat_tables(pieces)
     table = pa.concat_tables([slot_table, meta_table])
     return table.sort_by([("t_ns", "ascending")]) if table.num_rows else table
-
-
-def read(path: Path, host: str | None = None) -> ReadResult:
-    """Read one ring file into EVENTS (plus a Skipped note for torn records or ops lost to the wrap)."""
-    try:
-        rc = rf.read_ring(str(path))
-    except (rf.RingError, OSError) as e:
-        raise ReaderError(path, str(e)) from e
-    host = host or rc.host
-    skipped: list[Skipped] = []
-    if rc.torn_meta:
-        skipped.append(Skipped(str(path), None, f"{rc.torn_meta} meta record(s) cut mid-write (process killed?)"))
-    if rc.lost_ops:
-        skipped.append(Skipped(str(path), None, f"{rc.lost_ops} older op record(s) overwritten by the ring wrap"))
-    if rc.meta_full:
-        skipped.append(Skipped(str(path), None, "meta region full: later strings recorded as '?'"))
-    ident = identity_of(rc)
-    return ReadResult(
-        file=str(path), format=FORMAT, version=str(rf.VERSION), events=ring_to_events(rc, host, str(path)),
-        skipped=tuple(skipped), world_size=ident.get("world"),
-    )
