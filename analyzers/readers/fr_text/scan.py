@@ -1,32 +1,5 @@
-"""Read the text that torch's Flight Recorder analyzer (``torchfrtrace`` / ``fr_trace.py``) printed.
-
-Why: users often paste or keep only this output, not the dumps. It already names missing ranks and culprit ranks
-per (group, sequence number); we turn those claims into OBSERVATIONS so findings can cite them next to our own.
-
-Output generations handled (all seen in pytorch/pytorch history):
-
-* current (torch ≥ 2.6, ``EntryState.log``): ``Not all ranks joining collective, sequence number: N`` /
-  ``Collective sequence number: N has errors`` / ``Input/output mismatch in the collective sequence number: N``,
-  then ``key: value`` lines (``internal record id``, ``group info``, ``collective``, ``missing ranks``,
-  ``expected ranks``, ``collective state``, ``error msg: Culprit rank R; Error type: KIND, ...``) and a stack;
-* 2.5 era: ``Not all ranks joining collective N at entry R`` with the same key lines;
-* oldest (print-based): ``Not all ranks joining collective for group G:D collective OP Missing ranks are {..}``,
-  ``Collective R errors for group G:D collective OP`` + ``Found errors: Error rank R, Error type: ...``.
-
-OBSERVATIONS kinds (``value`` = the sequence number torchfrtrace printed, ``group`` = pg name, ``name`` = canonical
-op, ``line`` = line of the claim):
-
-* ``fr_missing_ranks`` — one row per rank that did not join (``rank`` = that rank);
-* ``fr_culprit`` — one row per ``Culprit rank`` / ``Error rank`` (``rank``; ``detail`` = "KIND: message");
-* ``fr_mismatch`` — one row per mismatch block (``detail`` = the mismatch kind, e.g. COLLECTIVE_TYPE_MISMATCH);
-* ``fr_missing_dump`` — ranks whose dump file torchfrtrace said it lacked (``rank``).
-
-A crash of the analyzer itself (e.g. ``KeyError: ('0', 0)`` on gloo dumps whose ``pg_config`` key is empty) becomes
-a ``Skipped`` naming the exception: its absence of findings means nothing.
-
-Known limits: ``-j`` (raw entry tables) and ``-v`` tabulate output are not parsed (reported as skipped lines); the
-rank space is whatever torchfrtrace used (global ranks from dump file names).
-"""
+"""The line walk of torchfrtrace output: claim headlines of three generations, their ``key: value`` lines and
+stack, claims outside blocks, and a crash of the analyzer itself (whose output then holds no analysis)."""
 from __future__ import annotations
 
 import ast
@@ -35,26 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ranktrace.analyzers import schema
-from ranktrace.analyzers.opnames import canonical_op
-from ranktrace.analyzers.readers.text import TextDoc
-from ranktrace.analyzers.readers.base import ReadResult, Skipped, decode_text, empty_file, read_file_bytes
+from ranktrace.analyzers.readers.base import Skipped
 
-__all__ = ["FORMAT", "LINE_MAP", "sniff", "read", "read_doc"]
-
-FORMAT = "fr_text"
-
-#: Declared raw line → column mapping (raw pattern, observation column, type, default, first torch generation).
-LINE_MAP: tuple[tuple[str, str, str, str, str], ...] = (
-    ("Not all ranks joining collective[, sequence number:] N", "value", "int seq", "null", "oldest..current"),
-    ("group info: NAME[:DESC]", "group", "str pg name", "null", "2.5"),
-    ("collective: PREFIX:OP", "name", "canonical_op()", "null", "2.5"),
-    ("missing ranks: {..}", "rank (fr_missing_ranks)", "int per rank", "-", "2.5"),
-    ("Culprit rank R; Error type: KIND, msg", "rank, detail (fr_culprit)", "int, 'KIND: msg'", "-", "2.6"),
-    ("Found errors: Error rank R, Error type: KIND", "rank, detail (fr_culprit)", "int, 'KIND: msg'", "-", "oldest"),
-    ("Collective sequence number: N has errors", "detail (fr_mismatch)", "mismatch kinds", "-", "2.6"),
-    ("Traceback ... <Exception>: msg", "Skipped", "analyzer crash", "-", "any"),
-)
+__all__ = ["SNIFF", "Block", "scan"]
 
 _START = (
     # (regex, block kind); separators vary across releases and pastes (", sequence number: N", ": sequence
@@ -85,24 +41,11 @@ _NOISE = re.compile(
     r"built groups|built collectives|appending a non-matching collective|No errors found for this collective|"
     r"Rank \d+ has an empty op list|Rank \d+ does not have a coalesced end|.*FutureWarning|\s+warnings\.warn)"
 )
-_SNIFF = re.compile(
+SNIFF = re.compile(
     rb"Not all ranks joining collective|Collective sequence number: \d+ has errors|Collective \d+ (?:at entry \d+ )?errors"
     rb"|Input/output mismatch in the collective|File \"[^\"]*(?:/torchfrtrace|flight_recorder/fr_trace\.py"
     rb"|flight_recorder/components/\w+\.py)\", line"
 )
-
-
-def _looks_binary_or_json(head: bytes) -> bool:
-    """Pickles, NUL bytes and JSON documents are never this text format (a ``[rank0]:`` prefix is fine)."""
-    h = head.lstrip()
-    return h[:1] in (b"{", b"\x80") or b"\x00" in head or re.match(rb"\[\s*[{\]]", h) is not None
-
-
-def sniff(path: Path, head: bytes) -> bool:
-    """torchfrtrace text: one of its headline phrases, or a traceback through its own modules, in the first bytes."""
-    if _looks_binary_or_json(head):
-        return False
-    return _SNIFF.search(head) is not None
 
 
 def _set(text: str) -> list[int]:
@@ -120,7 +63,9 @@ def _set(text: str) -> list[int]:
 
 
 @dataclass
-class _Block:
+class Block:
+    """One claim of torchfrtrace (missing ranks, errors, size mismatch) and the key lines under it."""
+
     kind: str                     # missing | errors | size
     line: int
     seq: int | None = None
@@ -151,30 +96,16 @@ def _culprits(text: str, line: int) -> list[tuple[int, str, int]]:
     return out
 
 
-def read(path: Path) -> ReadResult:
-    """Parse torchfrtrace output into OBSERVATIONS; never raises on an unknown line."""
-    path = Path(path)
-    data = read_file_bytes(path)
-    f = str(path)
-    text = decode_text(path, data, "binary data, not torchfrtrace text output")
-    if not text.strip():
-        return empty_file(f, FORMAT)
-    return _from_text(path, text)
-
-
-def read_doc(doc: TextDoc) -> ReadResult:
-    """The same, on a text input opened by the shared opener (launcher prefixes spelt one way)."""
-    return _from_text(Path(doc.path), doc.canonical_text())
-
-
-def _from_text(path: Path, text: str) -> ReadResult:
+def scan(path: Path, text: str) -> tuple[list[Block], list[dict[str, Any]], list[Skipped]]:
+    """The claim blocks of torchfrtrace's text, the claims made outside blocks (``fr_missing_dump`` rows) and what
+    was skipped (an analyzer crash, unrecognised lines)."""
     f = str(path)
 
-    blocks: list[_Block] = []
+    blocks: list[Block] = []
     obs: list[dict[str, Any]] = []
     skipped: list[Skipped] = []
     unknown: list[tuple[int, str]] = []
-    cur: _Block | None = None
+    cur: Block | None = None
     in_stack = False
     in_traceback = False
     tb_line = 0
@@ -218,7 +149,7 @@ def _from_text(path: Path, text: str) -> ReadResult:
             if m:
                 flush_unknown()
                 d = m.groupdict()
-                cur = _Block(kind=kind, line=no)
+                cur = Block(kind=kind, line=no)
                 blocks.append(cur)
                 cur.seq = int(d["seq"]) if d.get("seq") else None
                 cur.record_id = int(d["rec"]) if d.get("rec") else None
@@ -284,29 +215,4 @@ def _from_text(path: Path, text: str) -> ReadResult:
     if in_traceback:
         skipped.append(Skipped(f, tb_line, "torchfrtrace crashed (traceback cut before its exception line)"))
 
-    for b in blocks:
-        obs.extend(_block_rows(b, f))
-    return ReadResult(file=f, format=FORMAT, observations=schema.table_from_rows(schema.OBSERVATIONS, obs),
-                      skipped=tuple(skipped), world_size=len(blocks[0].expected) if blocks and blocks[0].expected
-                      else None)
-
-
-def _block_rows(b: _Block, f: str) -> list[dict[str, Any]]:
-    name = canonical_op(b.op) if b.op else None
-    ctx = [f"group={b.group}:{b.group_desc}" if b.group_desc else f"group={b.group}", f"op={b.op}",
-           f"record_id={b.record_id}", f"state={b.state}", f"expected_ranks={b.expected or None}"]
-    if b.frames:
-        ctx.append(f"stack_top={b.frames[0]!r}")
-    context = " ".join(ctx)
-    base = {"name": name, "group": b.group, "value": b.seq, "source": "fr", "file": f}
-    rows: list[dict[str, Any]] = []
-    for r in b.missing:
-        rows.append({**base, "rank": r, "kind": "fr_missing_ranks", "line": b.missing_line or b.line,
-                     "detail": f"missing ranks {sorted(b.missing)}; {context}"})
-    if b.kind in ("errors", "size"):
-        kinds = sorted({c[1].split(":", 1)[0] for c in b.culprits}) or (
-            ["SIZE_OR_SYNTAX_MISMATCH"] if b.kind == "size" else ["UNKNOWN"])
-        rows.append({**base, "rank": None, "kind": "fr_mismatch", "line": b.line, "detail": ",".join(kinds)})
-    for rank, msg, line in b.culprits:
-        rows.append({**base, "rank": rank, "kind": "fr_culprit", "line": line, "detail": f"{msg}; {context}"})
-    return rows
+    return blocks, obs, skipped
