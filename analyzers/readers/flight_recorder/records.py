@@ -1,15 +1,13 @@
-"""Typed Flight Recorder records: ``PgConfig`` and ``FrEntry``, parsed from the raw dump dict's entries and
-``pg_config`` (tolerant field coercion, gloo's unnamed default-group config).
-
-Why separate: this is where FR's field names and their quirks across versions / backends are known; the loader
-only hands over a raw dict and the row builder only sees typed records (torch's ``components/types.py`` step).
-"""
+"""Typed Flight Recorder records (``FrEntry``, ``PgConfig``) from the raw dump dict: where FR's field names and
+their quirks across versions and backends are known (tolerant coercion, gloo's unnamed default-group config)."""
 from __future__ import annotations
 
 import ast
 import math
 from dataclasses import dataclass
 from typing import Any
+
+__all__ = ["PgConfig", "FrEntry", "to_int", "parse_entry", "pg_configs"]
 
 
 # --------------------------------------------------------------------------------------------- typed records
@@ -50,7 +48,7 @@ class FrEntry:
     frames: tuple[tuple[str, str, int], ...]
 
 
-def _int(v: Any) -> int | None:
+def to_int(v: Any) -> int | None:
     """int from int / numeric string; None for None, "", 0-as-unknown handled by callers."""
     if isinstance(v, bool):
         return int(v)
@@ -68,7 +66,7 @@ def _int(v: Any) -> int | None:
 
 def _time(v: Any) -> int | None:
     """FR discovery times: None in pickle, 0 in JSON mean unknown."""
-    t = _int(v)
+    t = to_int(v)
     return t if t else None
 
 
@@ -89,11 +87,11 @@ def _frames(v: Any) -> tuple[tuple[str, str, int], ...]:
     out = []
     for fr in v:
         if isinstance(fr, dict):
-            out.append((str(fr.get("name", "?")), str(fr.get("filename", "?")), _int(fr.get("line")) or 0))
+            out.append((str(fr.get("name", "?")), str(fr.get("filename", "?")), to_int(fr.get("line")) or 0))
     return tuple(out)
 
 
-def _parse_entry(raw: Any, index: int) -> FrEntry | str:
+def parse_entry(raw: Any, index: int) -> FrEntry | str:
     """A typed entry, or the reason it cannot be used."""
     if not isinstance(raw, dict):
         return f"entry {index} is a {type(raw).__name__}, not a dict"
@@ -109,14 +107,14 @@ def _parse_entry(raw: Any, index: int) -> FrEntry | str:
     duration = raw.get("duration_ms")
     return FrEntry(
         index=index,
-        record_id=_int(raw.get("record_id")),
-        pg_id=_int(raw.get("pg_id")),
+        record_id=to_int(raw.get("record_id")),
+        pg_id=to_int(raw.get("pg_id")),
         group=group,
         group_desc=desc,
         profiling_name=name,
-        collective_seq_id=_int(raw.get("collective_seq_id")),
-        p2p_seq_id=_int(raw.get("p2p_seq_id")),
-        op_id=_int(raw.get("op_id")),
+        collective_seq_id=to_int(raw.get("collective_seq_id")),
+        p2p_seq_id=to_int(raw.get("p2p_seq_id")),
+        op_id=to_int(raw.get("op_id")),
         is_p2p=raw.get("is_p2p") if isinstance(raw.get("is_p2p"), bool) else None,
         state=raw.get("state") if isinstance(raw.get("state"), str) else None,
         time_created_ns=_time(raw.get("time_created_ns")),
@@ -125,7 +123,7 @@ def _parse_entry(raw: Any, index: int) -> FrEntry | str:
         duration_ms=float(duration) if isinstance(duration, (int, float)) and not isinstance(duration, bool) else None,
         input_sizes=_sizes(raw.get("input_sizes")),
         input_dtypes=tuple(str(d) for d in dtypes) if isinstance(dtypes, (list, tuple)) else None,
-        timeout_ms=_int(raw.get("timeout_ms")),
+        timeout_ms=to_int(raw.get("timeout_ms")),
         retired=raw.get("retired") if isinstance(raw.get("retired"), bool) else None,
         thread_name=str(raw["thread_name"]) if raw.get("thread_name") is not None else None,
         frames=_frames(raw.get("frames")),
@@ -143,7 +141,7 @@ def _parse_ranks(v: Any) -> tuple[int, ...] | None:
     return None
 
 
-def _pg_configs(raw: Any, entries: list[FrEntry]) -> dict[str, PgConfig]:
+def pg_configs(raw: Any, entries: list[FrEntry]) -> dict[str, PgConfig]:
     """pg name -> config; gloo's unnamed ("") config is attached to the group the entries name without config."""
     out: dict[str, PgConfig] = {}
     unnamed: list[PgConfig] = []

@@ -1,10 +1,5 @@
-"""Loads a Flight Recorder dump's bytes into its raw top-level dict — pickle without globals, or JSON — salvaging
-what a truncated pickle or JSON held before the cut.
-
-Why separate: this is the reader's safety boundary (no pickle global is ever resolved, nothing in a dump is executed)
-and the only code that sees bytes; what the fields mean lives in ``flight_recorder_records``, rows in
-``flight_recorder_rows`` (the loader step of torch's ``flight_recorder/components/``).
-"""
+"""Bytes of a Flight Recorder dump -> its raw top-level dict: pickle with no globals (nothing in a dump is ever
+executed) or JSON, salvaging what a truncated pickle or JSON held before the cut. The only code that sees bytes."""
 from __future__ import annotations
 
 import io
@@ -15,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ranktrace.analyzers.readers.base import ReaderError, Skipped, json_array_items
+
+__all__ = ["load_dump"]
 
 _TOP_KEYS = ("entries", "pg_config", "pg_status")
 
@@ -94,7 +91,7 @@ def _salvage_json(text: str) -> dict[str, Any] | None:
     return top
 
 
-def _load(path: Path, data: bytes) -> tuple[dict[str, Any], list[Skipped], str]:
+def load_dump(path: Path, data: bytes) -> tuple[dict[str, Any], list[Skipped], str]:
     """Return (raw dump dict, skipped, encoding) or raise ReaderError when this is not an FR dump."""
     f = str(path)
     skipped: list[Skipped] = []

@@ -1,40 +1,6 @@
-"""Read one PyTorch Flight Recorder (FR) dump — pickle or JSON, gloo or NCCL, FR versions 2.x — into EVENTS.
-
-Why: FR is the cheapest cross-rank evidence a hung job leaves. Every rank records each collective / p2p launch with
-a per-process-group counter (``collective_seq_id``, ``p2p_seq_id``), so comparing the newest entry per group across
-ranks names the ranks that never issued an op (DESIGN §2, formats.md §3).
-
-What comes out:
-
-* EVENTS ``kind="group"`` per ``pg_config`` entry (members, so unobserved ranks can be named even with no entries).
-* EVENTS ``kind="enter"`` per entry, and a second row ``kind="complete"`` when FR says ``state == "completed"``.
-  ``seq`` = ``collective_seq_id`` (``p2p_seq_id`` for p2p): in FR-only analysis this *is* the per-group counter
-  that aligns ranks. ``backend_seq`` carries the same raw value so joins with watchdog / our own events still work.
-* OBSERVATIONS ``fr_pg_status`` per process group (``value`` = ``last_completed_collective``) and one ``fr_dump``
-  row describing the dump (version, entry count, first / last ``record_id``: rings that wrapped start later).
-
-Layout (as torch's ``flight_recorder/components/``: loader -> types -> builder): ``flight_recorder_load`` turns
-bytes into the raw dump dict, ``flight_recorder_records`` types its entries and ``pg_config``,
-``flight_recorder_rows`` builds the rows; this module is the reader entry point (``sniff`` / ``read``).
-
-Safety: pickles are loaded with an unpickler that allows **no globals** (verified on real torch 2.13 gloo dumps:
-only dict / list / tuple / str / int / bool / None opcodes). A pickle that needs any global is refused with
-``ReaderError``; nothing in it is executed.
-
-Known limits:
-
-* The global rank is not reliably inside a dump; it comes from the file name (``rankinfer.rank_from_name``, then a
-  trailing number of at most 6 digits: torch names dumps ``<prefix><rank>``). Otherwise ``rank`` is null.
-* gloo (torch 2.13) leaves every entry ``state="scheduled"`` even after it finished, so gloo dumps produce no
-  ``complete`` rows; ``retired=`` in ``detail`` and ``fr_pg_status`` are the only completion hints there.
-* gloo writes ``pg_config`` under the key ``""`` while entries name the group ``("0", "default_pg")``; an unnamed
-  config is attached to the one group the entries name that has no config of its own (the default group first).
-* ``peer`` of p2p entries is mapped from group-local to global ranks only when the group's members are known.
-* Frames (pickle only) are the *enqueue* stacks of old ops, not where a thread is now, so they are not turned into
-  STACKS rows (that would make a rank that moved on look stuck); ``callsite`` takes the first frame outside torch.
-* A truncated JSON dump yields every complete entry before the cut; a truncated pickle yields the entries the
-  pure-Python unpickler had finished when the data ran out. Both are reported in ``skipped``.
-"""
+"""flight_recorder: PyTorch Flight Recorder dumps (pickle or JSON, gloo or NCCL, FR 2.x) read into EVENTS: each
+rank's per-group op counters, the cheapest cross-rank evidence a hung job leaves. Stages, as torch's own analyzer:
+:mod:`.load` (bytes -> raw dict, no pickle globals) -> :mod:`.records` (typed entries) -> :mod:`.rows`."""
 from __future__ import annotations
 
 import re
@@ -42,15 +8,14 @@ from pathlib import Path
 
 from ranktrace.analyzers import schema
 from ranktrace.analyzers.readers.base import ColumnMap, ReadResult, Skipped, empty_file, read_file_bytes
-from ranktrace.analyzers.readers.flight_recorder_load import _load
-from ranktrace.analyzers.readers.flight_recorder_records import FrEntry, _parse_entry, _pg_configs
-from ranktrace.analyzers.readers.flight_recorder_rows import _dump_row, _entry_rows, _group_rows, _status_rows, _world
 from ranktrace.analyzers.readers.common.ranks import rank_from_name
+from ranktrace.analyzers.readers.flight_recorder.load import load_dump
+from ranktrace.analyzers.readers.flight_recorder.records import FrEntry, parse_entry, pg_configs
+from ranktrace.analyzers.readers.flight_recorder.rows import dump_row, entry_rows, group_rows, status_rows, world_size
 
 __all__ = [
     "FORMAT",
-    "COLUMN_MAP",
-    "ColumnMap",
+    "FIELD_MAP",
     "FrEntry",
     "sniff",
     "read",
@@ -61,7 +26,7 @@ FORMAT = "flight_recorder"
 
 
 #: How FR fields become EVENTS columns (``since`` = first FR version seen with the field, formats.md §3).
-COLUMN_MAP: tuple[ColumnMap, ...] = (
+FIELD_MAP: tuple[ColumnMap, ...] = (
     ColumnMap("profiling_name", "name", "str -> canonical_op()", "required", "2.0"),
     ColumnMap("profiling_name prefix", "backend", "str (nccl|gloo|xccl)", "null", "2.0"),
     ColumnMap("is_p2p / profiling_name", "category", "p2p | collective", "collective", "2.4"),
@@ -83,8 +48,6 @@ COLUMN_MAP: tuple[ColumnMap, ...] = (
     ColumnMap("(file name)", "rank", "int via rank_from_filename", "null", "-"),
 )
 
-
-# --------------------------------------------------------------------------------------------- public API
 
 def sniff(path: Path, head: bytes) -> bool:
     """FR pickle (protocol marker + FR keys) or FR JSON object (FR keys in the first bytes)."""
@@ -109,13 +72,41 @@ def rank_from_filename(name: str) -> int | None:
 
 
 def read(path: Path) -> ReadResult:
-    """Read one FR dump (pickle or JSON) into EVENTS and OBSERVATIONS."""
+    """Read one FR dump (pickle or JSON) into EVENTS and OBSERVATIONS.
+
+    What comes out:
+
+    * EVENTS ``kind="group"`` per ``pg_config`` entry (members, so unobserved ranks can be named even with no entries).
+    * EVENTS ``kind="enter"`` per entry, and a second row ``kind="complete"`` when FR says ``state == "completed"``.
+      ``seq`` = ``collective_seq_id`` (``p2p_seq_id`` for p2p): in FR-only analysis this *is* the per-group counter
+      that aligns ranks. ``backend_seq`` carries the same raw value so joins with watchdog / our own events still work.
+    * OBSERVATIONS ``fr_pg_status`` per process group (``value`` = ``last_completed_collective``) and one ``fr_dump``
+      row describing the dump (version, entry count, first / last ``record_id``: rings that wrapped start later).
+
+    Safety: pickles are loaded with an unpickler that allows **no globals** (verified on real torch 2.13 gloo dumps:
+    only dict / list / tuple / str / int / bool / None opcodes). A pickle that needs any global is refused with
+    ``ReaderError``; nothing in it is executed.
+
+    Known limits:
+
+    * The global rank is not reliably inside a dump; it comes from the file name (``rank_from_filename``: a ``rankN``
+      marker, then a trailing number of at most 6 digits: torch names dumps ``<prefix><rank>``). Otherwise null.
+    * gloo (torch 2.13) leaves every entry ``state="scheduled"`` even after it finished, so gloo dumps produce no
+      ``complete`` rows; ``retired=`` in ``detail`` and ``fr_pg_status`` are the only completion hints there.
+    * gloo writes ``pg_config`` under the key ``""`` while entries name the group ``("0", "default_pg")``; an unnamed
+      config is attached to the one group the entries name that has no config of its own (the default group first).
+    * ``peer`` of p2p entries is mapped from group-local to global ranks only when the group's members are known.
+    * Frames (pickle only) are the *enqueue* stacks of old ops, not where a thread is now, so they are not turned into
+      STACKS rows (that would make a rank that moved on look stuck); ``callsite`` takes the first frame outside torch.
+    * A truncated JSON dump yields every complete entry before the cut; a truncated pickle yields the entries the
+      pure-Python unpickler had finished when the data ran out. Both are reported in ``skipped``.
+    """
     path = Path(path)
     data = read_file_bytes(path)
     f = str(path)
     if not data.strip():
         return empty_file(f, FORMAT, "empty file (dump never written?)")
-    raw, skipped, encoding = _load(path, data)
+    raw, skipped, encoding = load_dump(path, data)
 
     version = raw.get("version")
     version = str(version) if version is not None else None
@@ -128,19 +119,19 @@ def read(path: Path) -> ReadResult:
         raw_entries = []
     entries: list[FrEntry] = []
     for i, r in enumerate(raw_entries):
-        e = _parse_entry(r, i)
+        e = parse_entry(r, i)
         if isinstance(e, str):
             skipped.append(Skipped(f, i, e))
         else:
             entries.append(e)
 
-    configs = _pg_configs(raw.get("pg_config"), entries)
+    configs = pg_configs(raw.get("pg_config"), entries)
     rank = rank_from_filename(path.name)
-    world = _world(configs)
+    world = world_size(configs)
 
-    events = [*_group_rows(configs, rank, world, f), *(_entry_rows(entries, configs, rank, world, f))]
-    observations = [*_status_rows(raw.get("pg_status"), entries, rank, f, skipped),
-                    _dump_row(raw, entries, encoding, rank, f)]
+    events = [*group_rows(configs, rank, world, f), *(entry_rows(entries, configs, rank, world, f))]
+    observations = [*status_rows(raw.get("pg_status"), entries, rank, f, skipped),
+                    dump_row(raw, entries, encoding, rank, f)]
     return ReadResult(
         file=f,
         format=FORMAT,

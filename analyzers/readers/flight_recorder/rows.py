@@ -1,9 +1,5 @@
-"""Builds the Flight Recorder reader's rows: EVENTS (``group``, ``enter``, ``complete``) and OBSERVATIONS
-(``fr_pg_status``, ``fr_dump``) from typed records.
-
-Why separate: this is the reader's output contract (formats.md §3: seq, peer, dtype / nbytes, callsite, detail),
-apart from how a dump is loaded and how its fields are typed (torch's ``components/builder.py`` step).
-"""
+"""Typed records -> rows: EVENTS ``group`` / ``enter`` / ``complete`` (seq, peer, dtype and size, call site) and
+OBSERVATIONS ``fr_pg_status`` / ``fr_dump``."""
 from __future__ import annotations
 
 import math
@@ -12,7 +8,9 @@ from typing import Any, Iterable
 
 from ranktrace.analyzers.opnames import P2P_OPS, canonical_op
 from ranktrace.analyzers.readers.base import Skipped
-from ranktrace.analyzers.readers.flight_recorder_records import FrEntry, PgConfig, _int
+from ranktrace.analyzers.readers.flight_recorder.records import FrEntry, PgConfig, to_int
+
+__all__ = ["world_size", "group_rows", "entry_rows", "status_rows", "dump_row"]
 
 # c10::toString(ScalarType) -> (torch dtype name, bytes per element)
 _DTYPES: dict[str, tuple[str, int]] = {
@@ -32,7 +30,7 @@ _RECV = re.compile(r"\brecv\s+(\d+)\s*<-\s*(\d+)")
 
 # --------------------------------------------------------------------------------------------- rows
 
-def _world(configs: dict[str, PgConfig]) -> int | None:
+def world_size(configs: dict[str, PgConfig]) -> int | None:
     for pc in configs.values():
         if pc.desc == "default_pg" and pc.ranks:
             return len(pc.ranks)
@@ -102,7 +100,7 @@ def _peer(e: FrEntry, name: str, pc: PgConfig | None) -> int | None:
     return None
 
 
-def _group_rows(configs: dict[str, PgConfig], rank: int | None, world: int | None, f: str) -> list[dict[str, Any]]:
+def group_rows(configs: dict[str, PgConfig], rank: int | None, world: int | None, f: str) -> list[dict[str, Any]]:
     return [
         {"rank": rank, "world": world, "kind": "group", "name": pc.desc or name, "category": "init", "group": name,
          "group_desc": pc.desc, "group_ranks": list(pc.ranks) if pc.ranks else None, "source": "fr", "file": f,
@@ -111,7 +109,7 @@ def _group_rows(configs: dict[str, PgConfig], rank: int | None, world: int | Non
     ]
 
 
-def _entry_rows(entries: Iterable[FrEntry], configs: dict[str, PgConfig], rank: int | None, world: int | None,
+def entry_rows(entries: Iterable[FrEntry], configs: dict[str, PgConfig], rank: int | None, world: int | None,
                 f: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for e in entries:
@@ -144,7 +142,7 @@ def _entry_rows(entries: Iterable[FrEntry], configs: dict[str, PgConfig], rank: 
     return rows
 
 
-def _status_rows(raw: Any, entries: list[FrEntry], rank: int | None, f: str,
+def status_rows(raw: Any, entries: list[FrEntry], rank: int | None, f: str,
                  skipped: list[Skipped]) -> list[dict[str, Any]]:
     if not isinstance(raw, dict):
         return []
@@ -157,9 +155,9 @@ def _status_rows(raw: Any, entries: list[FrEntry], rank: int | None, f: str,
         if not isinstance(st, dict):
             skipped.append(Skipped(f, None, f"pg_status[{key!r}] is not a dict"))
             continue
-        enq, sta, com = (_int(st.get(k)) for k in
+        enq, sta, com = (to_int(st.get(k)) for k in
                          ("last_enqueued_collective", "last_started_collective", "last_completed_collective"))
-        pg_id = _int(key)
+        pg_id = to_int(key)
         group, desc = names.get(pg_id, (str(key), None)) if pg_id is not None else (str(key), None)
         rows.append({
             "rank": rank, "kind": "fr_pg_status", "name": desc, "group": group, "value": com,
@@ -169,7 +167,7 @@ def _status_rows(raw: Any, entries: list[FrEntry], rank: int | None, f: str,
     return rows
 
 
-def _dump_row(raw: dict[str, Any], entries: list[FrEntry], encoding: str, rank: int | None,
+def dump_row(raw: dict[str, Any], entries: list[FrEntry], encoding: str, rank: int | None,
               f: str) -> dict[str, Any]:
     rec = [e.record_id for e in entries if e.record_id is not None]
     lib = raw.get("comm_lib_version", raw.get("nccl_version"))
