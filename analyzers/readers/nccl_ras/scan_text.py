@@ -1,8 +1,5 @@
-"""Parse the text form of NCCL RAS client output (summary table, ``#g-c (hash)`` blocks, monitor mode) into rows.
-
-Why separate: the text format is the larger, release-dependent half of the RAS reader; ``nccl_ras`` (the entry
-point: sniff/read, world size, rank_space rows) picks this parser or ``nccl_ras_json`` and finishes the rows.
-"""
+"""The text form of RAS output (summary table, ``#g-c (hash)`` blocks, monitor mode; the larger, release-dependent
+half) into rows; value groups whose ranks RAS did not list are inferred when the communicator size allows."""
 from __future__ import annotations
 
 import re
@@ -12,7 +9,9 @@ from typing import Any
 from ranktrace.analyzers.opnames import canonical_op
 from ranktrace.analyzers.readers.base import Skipped
 from ranktrace.analyzers.readers.nccl_log import normalize_comm_id
-from ranktrace.analyzers.readers.nccl_ras_common import _OP_TOTAL, _ts
+from ranktrace.analyzers.readers.nccl_ras.rows import OP_TOTAL, ras_time
+
+__all__ = ["scan_text"]
 
 # ---- text patterns (client_support.cc)
 _TABLE_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+(?:-\d+)?)\s+(\d+)\s+(\d+)\s+([A-Z]+)\s+([A-Z]+)\s*$")
@@ -43,9 +42,8 @@ class _Snapshot:
     dead_pids: set[tuple[int, str]] = field(default_factory=set)
 
 
-# --------------------------------------------------------------------------------------------------- text
 
-def _read_text(text: str, file: str, obs: list[dict[str, Any]], skipped: list[Skipped]) -> None:
+def scan_text(text: str, file: str, obs: list[dict[str, Any]], skipped: list[Skipped]) -> None:
     snap = _Snapshot(index=0)
     started = False
     section = ""
@@ -82,11 +80,11 @@ def _read_text(text: str, file: str, obs: list[dict[str, Any]], skipped: list[Sk
         pd = _PEER_DEAD.match(line)
         if pd:
             obs.append(dict(kind="ras_dead_process", pid=int(pd.group(2)), host=pd.group(3),
-                            detail=f"gpus={pd.group(4)} snapshot={snap.index}", wall_ns=_ts(pd.group(1)), line=ln))
+                            detail=f"gpus={pd.group(4)} snapshot={snap.index}", wall_ns=ras_time(pd.group(1)), line=ln))
             continue
         me = _MON_EVENT.match(line)
         if me:
-            obs.append(dict(kind="ras_event", name=me.group(2), detail=me.group(3), wall_ns=_ts(me.group(1)),
+            obs.append(dict(kind="ras_event", name=me.group(2), detail=me.group(3), wall_ns=ras_time(me.group(1)),
                             line=ln))
             continue
         tr = _TABLE_ROW.match(line)
@@ -155,7 +153,7 @@ def _block_line(block: dict[str, Any], line: str, ln: int, snap: _Snapshot, file
     if m:
         _close_mismatch(block, snap, obs)
         op = m.group(1)
-        block.update(mode="counts", op=_OP_TOTAL if op == "collective" else canonical_op(op), groups=[], cur=None,
+        block.update(mode="counts", op=OP_TOTAL if op == "collective" else canonical_op(op), groups=[], cur=None,
                      reason=line.strip(), reason_line=ln)
         return
     if _DIFF_STATUS.match(line):

@@ -1,8 +1,5 @@
-"""Parse the JSON form of NCCL RAS client output (status documents and monitor-mode events) into rows.
-
-Why separate: JSON (NCCL >= 2.28.7) shares nothing with the text grammar but the op name and timestamp helpers;
-``nccl_ras`` (the entry point: sniff/read, world size, rank_space rows) picks this parser or ``nccl_ras_text``.
-"""
+"""The JSON form of RAS output (NCCL ≥ 2.28.7: status documents and monitor-mode events, several concatenated
+documents kept apart as snapshots) into rows."""
 from __future__ import annotations
 
 import json
@@ -12,14 +9,15 @@ from typing import Any
 from ranktrace.analyzers.opnames import canonical_op
 from ranktrace.analyzers.readers.base import Skipped
 from ranktrace.analyzers.readers.nccl_log import normalize_comm_id
-from ranktrace.analyzers.readers.nccl_ras_common import _OP_TOTAL, _ts
+from ranktrace.analyzers.readers.nccl_ras.rows import OP_TOTAL, ras_time
 
-# --------------------------------------------------------------------------------------------------- JSON
+__all__ = ["scan_json"]
+
 
 _RANK_KEY = re.compile(r'"rank"\s*:\s*(-?\d+)')
 
 
-def _read_json(text: str, file: str, obs: list[dict[str, Any]], skipped: list[Skipped]) -> str | None:
+def scan_json(text: str, file: str, obs: list[dict[str, Any]], skipped: list[Skipped]) -> str | None:
     dec = json.JSONDecoder()
     pos, n = 0, len(text)
     snap = 0
@@ -58,7 +56,7 @@ def _read_json(text: str, file: str, obs: list[dict[str, Any]], skipped: list[Sk
 
 def _json_status(d: dict[str, Any], snap: int, first_line: int, rank_lines: list[int],
                  obs: list[dict[str, Any]]) -> None:
-    wall = _ts(d.get("timestamp"))
+    wall = ras_time(d.get("timestamp"))
     ri = 0
 
     def next_line() -> int:
@@ -85,7 +83,7 @@ def _json_status(d: dict[str, Any], snap: int, first_line: int, rank_lines: list
                     obs.append(dict(base, kind="ras_op_count", name=canonical_op(op), value=v,
                                     detail=f"snapshot={snap}"))
             if counts:
-                obs.append(dict(base, kind="ras_op_count", name=_OP_TOTAL, value=total,
+                obs.append(dict(base, kind="ras_op_count", name=OP_TOTAL, value=total,
                                 detail=f"sum over {len(counts)} op types snapshot={snap}"))
             st = r.get("status") or {}
             if st:
@@ -112,7 +110,7 @@ def _json_status(d: dict[str, Any], snap: int, first_line: int, rank_lines: list
 
 def _json_event(d: dict[str, Any], line: int, obs: list[dict[str, Any]]) -> None:
     peer = d.get("peer") or {}
-    wall = _ts(d.get("timestamp"))
+    wall = ras_time(d.get("timestamp"))
     if d.get("event") == "PEER_DEAD":
         obs.append(dict(kind="ras_dead_process", pid=peer.get("pid"), host=peer.get("host"), wall_ns=wall,
                         line=line, detail=f"gpus={peer.get('cuda_devs')} {d.get('details') or ''}".strip()))

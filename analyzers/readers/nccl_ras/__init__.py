@@ -1,37 +1,6 @@
-"""Read NCCL RAS client output (``ncclras`` / ``echo status | nc localhost 28028``), text or JSON, NCCL ≥ 2.24.
-
-Why: RAS is the cheapest live view of a hung NCCL job: per communicator it says how many collective operations
-each rank has *launched*, which ranks did not answer, and which processes are dead (formats.md §1.10; NCCL
-``docs/userguide/source/troubleshooting/ras.rst``; output code in ``src/ras/client_support.cc``).
-
-What comes out (OBSERVATIONS only, ``source="ras"``; ``group`` is the communicator hash spelled like NCCL's Init
-lines, ``0x`` + lower-case hex, see ``nccl_log.normalize_comm_id``; ``rank`` is the communicator rank):
-
-* ``ras_op_count`` — ``value`` = operations launched by that rank; ``name`` = ``total`` (2.24/2.25 text, and the
-  sum over types in JSON) or the canonical op (``all_reduce``, ... : 2.26+ per-type counts).
-* ``ras_missing_rank`` / ``ras_dead_rank`` — a rank RAS got no data from / whose process RAS declared dead.
-* ``ras_missing_process`` / ``ras_dead_process`` — the same per process (``pid``, ``host``; no rank).
-* ``ras_rank_status`` — ``name`` = RUNNING | INIT | FINALIZE | ABORT | NOCOMM | UNKNOWN per rank.
-* ``ras_mismatch`` — one per ``#g-c (hash) MISMATCH`` reason; ``detail`` lists the value groups
-  (``6650x26 6649x6``). ``ras_error`` — ``#g-c (hash) ERROR`` blocks. ``ras_comm_status`` — the summary table
-  rows (``name`` = ``#<group>``, ``value`` = ranks per communicator).
-* ``ras_event`` — monitor-mode events other than PEER_DEAD; ``rank_space`` for communicators smaller than the
-  largest one (their ranks are communicator-local).
-
-Text output lists rank numbers only for *outlier* groups (at most 25 % of the ranks and at most 10 of them;
-< 50 % in verbose mode) — and the outliers may be the ranks that are **ahead**, not behind: the listed ranks are
-tagged ``listed`` and every count is kept, so the analyzer compares values rather than trusting "who is listed".
-When exactly one value group of a communicator is unlisted and the communicator size is known from the summary
-table, its ranks are inferred (all ranks minus the listed ones, tagged ``inferred``); otherwise the group is kept
-as one row with ``rank`` null and ``detail`` ``ranks=N unlisted``.
-
-Several queries in one file (repeated ``ncclras`` runs, monitor streams, concatenated JSON documents) are kept
-apart with ``snapshot=<n>`` in ``detail``: a count that does not move between snapshots is the hang signal.
-
-Known limits: the text format changes between releases (the docs say so; JSON is preferred); pre-2.26 text has a
-single "collective operation counts" mismatch per communicator; monitor-mode text events other than PEER_DEAD
-are kept as ``ras_event`` only; JSON/monitor timestamps are local time of the node, read as UTC.
-"""
+"""nccl_ras: NCCL RAS client output (``ncclras``, ``echo status | nc localhost 28028``; text or JSON, NCCL ≥ 2.24)
+read into OBSERVATIONS: per communicator how many ops each rank launched, which ranks did not answer, which
+processes are dead. Stages: :mod:`.scan_text` / :mod:`.scan_json` (output -> rows) -> :mod:`.rows` (world size)."""
 from __future__ import annotations
 
 import re
@@ -39,18 +8,19 @@ from pathlib import Path
 from typing import Any
 
 from ranktrace.analyzers import schema
-from ranktrace.analyzers.readers.text import TextDoc
 from ranktrace.analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped, has_nul_bytes
-from ranktrace.analyzers.readers.nccl_ras_json import _read_json
-from ranktrace.analyzers.readers.nccl_ras_text import _read_text
+from ranktrace.analyzers.readers.nccl_ras.rows import finish
+from ranktrace.analyzers.readers.nccl_ras.scan_json import scan_json
+from ranktrace.analyzers.readers.nccl_ras.scan_text import scan_text
+from ranktrace.analyzers.readers.text import TextDoc
 
-__all__ = ["FORMAT", "COLUMN_MAP", "ColumnMap", "OBSERVATION_KINDS", "sniff", "read", "read_doc"]
+__all__ = ["FORMAT", "FIELD_MAP", "OBSERVATION_KINDS", "sniff", "read", "read_doc"]
 
 FORMAT = "nccl_ras"
 
 
 #: How RAS fields become OBSERVATIONS columns.
-COLUMN_MAP: tuple[ColumnMap, ...] = (
+FIELD_MAP: tuple[ColumnMap, ...] = (
     ColumnMap("#g-c (hash) | communicators[].hash", "group", "str 0x<hex>", "required", "2.24"),
     ColumnMap("Rank N | ranks[].rank | missing_ranks[].rank", "rank", "int, communicator rank", "null", "2.24"),
     ColumnMap("launched up to operation V | collective_counts", "value", "int", "null", "2.24 (JSON 2.28.7)"),
@@ -94,7 +64,39 @@ def sniff(path: Path, head: bytes) -> bool:
 
 
 def read(path: Path) -> ReadResult:
-    """Read one file of RAS output. Raises ``ReaderError`` if it cannot be opened or holds no RAS output."""
+    """Read one file of RAS output. Raises ``ReaderError`` if it cannot be opened or holds no RAS output.
+
+    RAS is the cheapest live view of a hung NCCL job (formats.md §1.10; NCCL
+    ``docs/userguide/source/troubleshooting/ras.rst``; output code in ``src/ras/client_support.cc``).
+
+    What comes out (OBSERVATIONS only, ``source="ras"``; ``group`` is the communicator hash spelled like NCCL's Init
+    lines, ``0x`` + lower-case hex, see ``nccl_log.normalize_comm_id``; ``rank`` is the communicator rank):
+
+    * ``ras_op_count`` — ``value`` = operations launched by that rank; ``name`` = ``total`` (2.24/2.25 text, and the
+      sum over types in JSON) or the canonical op (``all_reduce``, ... : 2.26+ per-type counts).
+    * ``ras_missing_rank`` / ``ras_dead_rank`` — a rank RAS got no data from / whose process RAS declared dead.
+    * ``ras_missing_process`` / ``ras_dead_process`` — the same per process (``pid``, ``host``; no rank).
+    * ``ras_rank_status`` — ``name`` = RUNNING | INIT | FINALIZE | ABORT | NOCOMM | UNKNOWN per rank.
+    * ``ras_mismatch`` — one per ``#g-c (hash) MISMATCH`` reason; ``detail`` lists the value groups
+      (``6650x26 6649x6``). ``ras_error`` — ``#g-c (hash) ERROR`` blocks. ``ras_comm_status`` — the summary table
+      rows (``name`` = ``#<group>``, ``value`` = ranks per communicator).
+    * ``ras_event`` — monitor-mode events other than PEER_DEAD; ``rank_space`` for communicators smaller than the
+      largest one (their ranks are communicator-local).
+
+    Text output lists rank numbers only for *outlier* groups (at most 25 % of the ranks and at most 10 of them;
+    < 50 % in verbose mode) — and the outliers may be the ranks that are **ahead**, not behind: the listed ranks are
+    tagged ``listed`` and every count is kept, so the analyzer compares values rather than trusting "who is listed".
+    When exactly one value group of a communicator is unlisted and the communicator size is known from the summary
+    table, its ranks are inferred (all ranks minus the listed ones, tagged ``inferred``); otherwise the group is kept
+    as one row with ``rank`` null and ``detail`` ``ranks=N unlisted``.
+
+    Several queries in one file (repeated ``ncclras`` runs, monitor streams, concatenated JSON documents) are kept
+    apart with ``snapshot=<n>`` in ``detail``: a count that does not move between snapshots is the hang signal.
+
+    Known limits: the text format changes between releases (the docs say so; JSON is preferred); pre-2.26 text has a
+    single "collective operation counts" mismatch per communicator; monitor-mode text events other than PEER_DEAD
+    are kept as ``ras_event`` only; JSON/monitor timestamps are local time of the node, read as UTC.
+    """
     path = Path(path)
     file = str(path)
     try:
@@ -125,27 +127,12 @@ def _from_text(path: Path, text: str, skipped: list[Skipped]) -> ReadResult:
     obs: list[dict[str, Any]] = []
     version: str | None = None
     if text.lstrip().startswith(("{", "[")):
-        version = _read_json(text, file, obs, skipped)
+        version = scan_json(text, file, obs, skipped)
     else:
-        _read_text(text, file, obs, skipped)
+        scan_text(text, file, obs, skipped)
     if not obs:
         raise ReaderError(path, "no NCCL RAS communicator, rank or process information found")
-    sizes = [r["value"] for r in obs if r["kind"] == "_size" and r["value"]]
-    obs = [r for r in obs if r["kind"] != "_size"]
-    world = max(sizes) if sizes else None
-    if world:
-        seen: set[str] = set()
-        for r in [r for r in obs if r.get("group")]:
-            size = r.get("_size")
-            if size and size < world and r["group"] not in seen:
-                seen.add(r["group"])
-                obs.append(dict(kind="rank_space", group=r["group"], detail=f"comm:{r['group']}", value=size,
-                                line=r.get("line")))
-    for r in obs:
-        for k in [k for k in r if k.startswith("_")]:
-            del r[k]
-        r.setdefault("source", "ras")
-        r.setdefault("file", file)
+    obs, world = finish(obs, file)
     return ReadResult(file=file, format=FORMAT, version=version,
                       observations=schema.table_from_rows(schema.OBSERVATIONS, obs), skipped=tuple(skipped),
                       world_size=world)
