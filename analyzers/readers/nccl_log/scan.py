@@ -1,24 +1,96 @@
-"""Vectorised parser of NCCL COLL lines: numpy over the bytes of one chunk, no reader state.
-
-Why separate: this is the hot path for big logs (the bulk of their lines are COLL records) and it is pure: given
-the chunk and the positions of its newlines, spaces and "NCCL"s, ``_fast_rows`` returns the fields of exactly the
-lines ``_COLL_RE`` would match (or leaves lines to the regex loop), and ``_inert`` names the lines that provably
-cannot match ``_SCAN_RE``. Resolving those rows to communicators and positions is ``nccl_log_coll``'s job.
-"""
+"""The byte level of a read, no reader state: a file as chunks of whole lines (bounded memory, NUL bytes and sparse
+holes skipped) and, for the bulk of big logs, the COLL records of a chunk parsed with numpy (exactly the lines
+``grammar.COLL_RE`` would match; every other line is left to the regex loop)."""
 from __future__ import annotations
 
+import errno
+import io
+import os
 from dataclasses import dataclass
+from typing import BinaryIO, Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+__all__ = ["iter_chunks", "FastRows", "fast_rows", "inert", "word_view"]
+
+_CHUNK = 4 << 20
+_MAX_CARRY = 64 << 20          # a "line" longer than this is cut (binary junk without newlines)
+
+
+def iter_chunks(f: BinaryIO) -> Iterator[tuple[bytes, int]]:
+    """Yield (pieces of whole lines of about ``_CHUNK`` bytes, NUL bytes dropped since the previous piece).
+
+    NUL bytes are not text: they come from sparse holes or from a file truncated while its writer kept its offset
+    (``logrotate copytruncate``), so they are dropped before lines are cut (a hole never fills the line buffer).
+    The last piece may lack its newline; a "line" longer than ``_MAX_CARRY`` is cut.
+    """
+    carry: list[bytes] = []
+    carry_len = 0
+    nuls = 0
+    while True:
+        block = f.read(_CHUNK)
+        if not block:
+            break
+        if b"\0" in block:
+            k = block.count(b"\0")
+            nuls += k
+            if k == len(block):
+                nuls += _skip_hole(f)
+                continue
+            block = block.translate(None, b"\0")
+        cut = block.rfind(b"\n")
+        if cut < 0:
+            carry.append(block)
+            carry_len += len(block)
+            if carry_len >= _MAX_CARRY:
+                yield b"".join(carry), nuls
+                carry, carry_len, nuls = [], 0, 0
+            continue
+        if carry:
+            carry.append(memoryview(block)[: cut + 1])
+            piece = b"".join(carry)
+        else:
+            piece = block if cut == len(block) - 1 else block[: cut + 1]
+        yield piece, nuls
+        nuls = 0
+        tail = block[cut + 1:]
+        carry, carry_len = ([tail], len(tail)) if tail else ([], 0)
+    if carry or nuls:
+        yield b"".join(carry), nuls
+
+
+def _skip_hole(f: BinaryIO) -> int:
+    """After a block of NULs, jump over the rest of a sparse hole (``SEEK_DATA``); returns the bytes skipped.
+
+    Reading a hole returns NULs anyway; skipping it just saves the time. Not available everywhere (then 0).
+    """
+    seek_data = getattr(os, "SEEK_DATA", None)
+    if seek_data is None:
+        return 0
+    try:
+        here = f.tell()
+        end = os.fstat(f.fileno()).st_size
+        try:
+            nxt = os.lseek(f.fileno(), here, seek_data)
+        except OSError as e:
+            if e.errno != errno.ENXIO:   # ENXIO: only a hole up to the end of the file
+                return 0
+            nxt = end
+        nxt = min(max(nxt, here), end)
+        f.seek(nxt)
+        return nxt - here
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return 0
+
+
 _MAX_PREFIX = 512             # longer text before "NCCL INFO" (glued garbage): the line goes to the regex loop
 _TAIL = 1024                  # bytes a numpy-parsed COLL record may span after "NCCL" (tokens are capped below)
 
 
-#: ``_COLL_RE`` in RE2 syntax with the classes spelled out (bytes-pattern ``\w``, ``\S``, ``\d`` are ASCII), run by
-#: pyarrow over the lines of a chunk. It may only reject more than ``_COLL_RE`` (RE2 reads invalid UTF-8 bytes one
+#: ``COLL_RE`` in RE2 syntax with the classes spelled out (bytes-pattern ``\w``, ``\S``, ``\d`` are ASCII), run by
+#: pyarrow over the lines of a chunk. It may only reject more than ``COLL_RE`` (RE2 reads invalid UTF-8 bytes one
 #: at a time, so ``[^ \t...]`` never swallows a space), and a line it rejects goes to the regex loop.
 _COLL_RE2 = (r"NCCL INFO [0-9A-Za-z_]+: opCount [0-9a-fA-F]+ sendbuff [^ \t\n\r\x0b\x0c]+ "
              r"recvbuff [^ \t\n\r\x0b\x0c]+ count [0-9]+ datatype [0-9]+ op [0-9]+ root -?[0-9]+ "
@@ -38,6 +110,7 @@ _INFO6 = _word(b" INFO ")
 _OPCOUNT8 = _word(b"opCount ")
 _BOOT8 = _word(b"Bootstra")
 _BOOT8_LOWER = _word(b"bootstra")
+
 
 def _rows(buf: np.ndarray, start: np.ndarray, width: int) -> np.ndarray:
     """Bytes ``buf[start + k]`` for k < width as a (rows, width) matrix (one row copy per start).
@@ -62,7 +135,7 @@ def _swar8(word: np.ndarray, hexa: bool) -> np.ndarray:
     return (x * m3 + (x >> _U64(32))) & _U64(0x00000000FFFFFFFF)
 
 
-def _words(chunk: bytes) -> np.ndarray:
+def word_view(chunk: bytes) -> np.ndarray:
     """``w[i]`` = the 8 bytes from offset i as a little-endian uint64 (an unaligned, overlapping view: no copy)."""
     return np.ndarray((len(chunk) - 7,), dtype="<u8", buffer=chunk, strides=(1,))
 
@@ -99,8 +172,8 @@ def _encode(arr: pa.Array) -> tuple[np.ndarray, list[bytes]]:
 
 
 @dataclass
-class _Fast:
-    """COLL lines of one chunk parsed with numpy (exactly those ``_COLL_RE`` would match, see ``_fast_rows``)."""
+class FastRows:
+    """COLL lines of one chunk parsed with numpy (exactly those ``COLL_RE`` would match, see ``fast_rows``)."""
 
     line: np.ndarray          # 0-based line number inside the chunk
     anchor: np.ndarray        # byte offset of "NCCL INFO"
@@ -116,12 +189,12 @@ class _Fast:
     op_vals: list[bytes]
 
 
-def _inert(buf: np.ndarray, words: np.ndarray, sp: np.ndarray, nl: np.ndarray, nccl: np.ndarray,
+def inert(buf: np.ndarray, words: np.ndarray, sp: np.ndarray, nl: np.ndarray, nccl: np.ndarray,
            nccl_line: np.ndarray, which: np.ndarray) -> np.ndarray:
     """Occurrences of "NCCL" (among ``which``, each the only one on its line) that provably start no match of
-    ``_SCAN_RE``: ``NCCL INFO <token>: <next>`` where <token> (no space) ends with the colon, <next> is not
+    ``SCAN_RE``: ``NCCL INFO <token>: <next>`` where <token> (no space) ends with the colon, <next> is not
     ``opCount`` and <token> does not start with ``Bootstrap``/``bootstrap``. TUNING lines (``AllReduce: 4096 Bytes
-    -> Algo ...``) are the bulk of them. Every other alternative of ``_SCAN_RE`` needs a space, a digit or a
+    -> Algo ...``) are the bulk of them. Every other alternative of ``SCAN_RE`` needs a space, a digit or a
     different word right after "INFO " or after the colon."""
     out = np.zeros(nccl.size, dtype=bool)
     idx = np.flatnonzero(which & (nccl + 40 <= buf.size))
@@ -141,12 +214,12 @@ def _inert(buf: np.ndarray, words: np.ndarray, sp: np.ndarray, nl: np.ndarray, n
     return out
 
 
-def _fast_rows(chunk: bytes, buf: np.ndarray, words: np.ndarray, sp: np.ndarray, nl: np.ndarray,
-               nccl: np.ndarray, nccl_line: np.ndarray, single: np.ndarray) -> _Fast | None:
+def fast_rows(chunk: bytes, buf: np.ndarray, words: np.ndarray, sp: np.ndarray, nl: np.ndarray,
+               nccl: np.ndarray, nccl_line: np.ndarray, single: np.ndarray) -> FastRows | None:
     """The COLL records among lines holding exactly one "NCCL", with their fields, parsed in bulk.
 
     RE2 (pyarrow) checks each line against ``_COLL_RE2``; on a line with one "NCCL" a match starts there, where
-    ``_COLL_RE`` would match too, and since its tokens are single-space separated, their bounds are the spaces
+    ``COLL_RE`` would match too, and since its tokens are single-space separated, their bounds are the spaces
     after "NCCL". Numbers are read eight digits at a time. Lines with longer numbers or prefixes, or too close
     to the end of the chunk, are not taken: they go through the regex loop, so the result never changes.
     """
@@ -191,5 +264,5 @@ def _fast_rows(chunk: bytes, buf: np.ndarray, words: np.ndarray, sp: np.ndarray,
     pre, pre_vals = _encode(_tokens(buf, line_start, a))
     comm, comm_vals = _encode(_tokens(buf, s[:, 17], b[:, 18]))
     op, op_vals = _encode(_tokens(buf, s[:, 1], b[:, 2] - 1))
-    return _Fast(line=li, anchor=a, opc=opc, count=count, dt=dt, root=root, pre=pre, pre_vals=pre_vals, comm=comm,
+    return FastRows(line=li, anchor=a, opc=opc, count=count, dt=dt, root=root, pre=pre, pre_vals=pre_vals, comm=comm,
                  comm_vals=comm_vals, op=op, op_vals=op_vals)

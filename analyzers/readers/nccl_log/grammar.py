@@ -1,17 +1,15 @@
-"""Line grammar of NCCL debug logs: the patterns that find and split NCCL lines, and what their fields mean.
-
-Why separate: the same patterns serve the sniffer, the regex loop over COLL records, the parser of the rarer lines
-(Init, teardown, topology, WARN, ...) and the numpy path's checks (``nccl_log_vector._COLL_RE2`` mirrors
-``_COLL_RE`` here); kept in one module, they stay in step and carry no reader state. Also here: the format name,
-the NCCL datatype and op-name tables, the spelling of a communicator hash and the ``[timestamp]`` prefix.
-"""
+"""The line grammar of NCCL debug logs, in one place so that the sniffer, the regex loop, the rarer-line parser and
+the numpy path (``scan._COLL_RE2`` mirrors ``COLL_RE``) stay in step: patterns, field tables (datatypes, p2p and
+rooted ops), a communicator hash's spelling and the ``[timestamp]`` prefix."""
 from __future__ import annotations
 
 import re
 from datetime import datetime, timezone
 
-FORMAT = "nccl_log"
-
+__all__ = ["NCCL_DTYPES", "P2P_RAW", "ROOTED_RAW", "COLL_RE", "SCAN_RE", "NRANKS_RE", "COLL_PREFIX_RE", "MARKER_RE",
+           "BARE_VERSION_RE", "INIT_RE", "FIELD_RES", "API_RE", "SUMMARY_RE", "TEARDOWN_RE", "TRANSPORT_RE", "RING_RE",
+           "CONNECT_FAIL_RE", "INIT_FAIL_RE", "CUDA_FAIL_RE", "OLD_FORMAT_RE", "TRAIL_RE", "SNIFF_RE",
+           "normalize_comm_id", "looks_binary", "parse_ts"]
 
 #: ncclDataType_t -> (torch dtype name, bytes per element), formats.md §1.6.
 NCCL_DTYPES: dict[int, tuple[str, int]] = {
@@ -20,29 +18,29 @@ NCCL_DTYPES: dict[int, tuple[str, int]] = {
     11: ("float8_e5m2", 1),
 }
 
-_P2P_RAW = frozenset({b"Send", b"Recv", b"PutSignal", b"Signal", b"WaitSignal"})
-_ROOTED_RAW = frozenset({"Broadcast", "Reduce", "Gather", "Scatter"})
+P2P_RAW = frozenset({b"Send", b"Recv", b"PutSignal", b"Signal", b"WaitSignal"})
+ROOTED_RAW = frozenset({"Broadcast", "Reduce", "Gather", "Scatter"})
 
 # COLL lines: the pattern starts with a literal so `finditer` skips ahead in C.
-_COLL_RE = re.compile(
+COLL_RE = re.compile(
     rb"NCCL INFO (\w+): opCount ([0-9a-fA-F]+) sendbuff \S+ recvbuff \S+ count (\d+) datatype (\d+) "
     rb"op \d+ root (-?\d+) comm (0x[0-9a-fA-F]+) \[nranks=\d+\]"
 )
 # One scan per chunk finds COLL records (groups 1-6) and the rarer lines worth a per-line parse (Init, teardown,
 # transports, rings, trees, bootstrap, WARN, error trail, bare version line; no group set). It starts with the
 # literal "NCCL" so sre's prefix search runs in C; TUNING and other INFO lines fail a few bytes after "INFO ".
-_SCAN_RE = re.compile(
-    _COLL_RE.pattern[:5] + b"(?:" + _COLL_RE.pattern[5:] + rb"|WARN |version \d|INFO (?:NCCL version|Call to connect"
+SCAN_RE = re.compile(
+    COLL_RE.pattern[:5] + b"(?:" + COLL_RE.pattern[5:] + rb"|WARN |version \d|INFO (?:NCCL version|Call to connect"
     rb"|(?:\[Rank \d+\] )?(?:\w+ )?comm 0x|Channel (?:00/|\d+(?:/\d+)? : \d+\[)|Trees \[0\]|Bootstrap|bootstrap"
     rb"|\d+ coll channels|[\w./+-]+:\d+ (?:\([^)\n]*\) )?-> ))"
 )
-_NRANKS_RE = re.compile(rb"\[nranks=(\d+)\]")
+NRANKS_RE = re.compile(rb"\[nranks=(\d+)\]")
 # The part of a line before "NCCL INFO" of a COLL line, parsed from its end.
-_COLL_PREFIX_RE = re.compile(
+COLL_PREFIX_RE = re.compile(
     rb"(?:\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)\] )?([^\s:\[\]|()<>]+):(\d+):(\d+)(?: \[(\d+)\])? \Z"
 )
 # Any NCCL line (formats.md §1.2 tolerant pattern, never anchored at column 0).
-_MARKER_RE = re.compile(
+MARKER_RE = re.compile(
     r"(?:\[(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)\] )?"
     r"(?P<host>[^\s:\[\]|()<>]+):(?P<pid>\d+):(?P<tid>\d+) "
     r"(?:\[(?P<dev>\d+)\] )?"
@@ -50,10 +48,10 @@ _MARKER_RE = re.compile(
     r"(?:(?P<file>[\w./+-]+):(?P<fline>\d+) (?:\((?P<func>[^)]*)\) )?)?"
     r"NCCL (?P<level>INFO|WARN|TRACE|CALL|ABORT) "
 )
-_BARE_VERSION_RE = re.compile(r"(?:^|\s|\])NCCL version (?P<v>\d+\.\d+\.\d+\S*)")
+BARE_VERSION_RE = re.compile(r"(?:^|\s|\])NCCL version (?P<v>\d+\.\d+\.\d+\S*)")
 
-_INIT_RE = re.compile(r"- Init (START|COMPLETE)\s*$")
-_FIELD_RES: dict[str, re.Pattern[str]] = {
+INIT_RE = re.compile(r"- Init (START|COMPLETE)\s*$")
+FIELD_RES: dict[str, re.Pattern[str]] = {
     "comm": re.compile(r"\bcomm (0x[0-9a-fA-F]+)"),
     "rank": re.compile(r"\brank (-?\d+)"),
     "nranks": re.compile(r"\bnranks (\d+)", re.IGNORECASE),
@@ -65,32 +63,32 @@ _FIELD_RES: dict[str, re.Pattern[str]] = {
     "color": re.compile(r"\bcolor (-?\d+)"),
     "key": re.compile(r"\bkey (-?\d+)"),
 }
-_API_RE = re.compile(r"^(?:\[Rank \d+\] )?(nccl\w+) comm ")
-_SUMMARY_RE = re.compile(
+API_RE = re.compile(r"^(?:\[Rank \d+\] )?(nccl\w+) comm ")
+SUMMARY_RE = re.compile(
     r"^comm (0x[0-9a-fA-F]+) rank (\d+) nRanks (\d+) nNodes (\d+) localRanks (\d+) localRank (\d+)(?: MNNVL (\d+))?"
 )
-_TEARDOWN_RE = re.compile(
+TEARDOWN_RE = re.compile(
     r"comm (0x[0-9a-fA-F]+) rank (-?\d+) n[Rr]anks (\d+).*- (Destroy|Abort|Revoke) (START|COMPLETE)"
 )
-_TRANSPORT_RE = re.compile(
+TRANSPORT_RE = re.compile(
     r"^Channel (\d+)(?:/(\d+))? : (\d+)\[[0-9a-fA-Fx]+\] -> (\d+)\[[0-9a-fA-Fx]+\]"
     r"(?: \[(send|receive)\])? via (.+?)\s*$"
 )
-_RING_RE = re.compile(r"^Channel 00/(\d+) :((?: +\d+)+)")
+RING_RE = re.compile(r"^Channel 00/(\d+) :((?: +\d+)+)")
 #: what a WARN (or the INFO "Call to connect ... retrying" line) says failed, when it is a set-up or device failure
 #: (EVIDENCE.md: init_failure stage connect / nccl_init before Init COMPLETE, transport_error after; cuda_error)
-_CONNECT_FAIL_RE = re.compile(
+CONNECT_FAIL_RE = re.compile(
     r"socketStartConnect: exceeded retries|Call to connect (?:returned|failed)|NET/Socket : Connect to \S+ failed|"
     r"Connect to \S+ failed|socketPollConnect|Connection refused|Connection timed out|"
     r"Connection closed by remote peer|socketProgress: Connection closed|No route to host")
-_INIT_FAIL_RE = re.compile(r"[Bb]ootstrap|[Uu]nhandled [Ss]ystem [Ee]rror|bootstrapNet|remote process exited")
-_CUDA_FAIL_RE = re.compile(r"Cuda failure|CUDA failure|cuda(?:Error|Get|Launch|Memcpy|Malloc)\w* failed|"
+INIT_FAIL_RE = re.compile(r"[Bb]ootstrap|[Uu]nhandled [Ss]ystem [Ee]rror|bootstrapNet|remote process exited")
+CUDA_FAIL_RE = re.compile(r"Cuda failure|CUDA failure|cuda(?:Error|Get|Launch|Memcpy|Malloc)\w* failed|"
                            r"peer access is not supported|an illegal memory access")
 #: NCCL < 2.3 wrote "host:pid:tid [dev] INFO" / "[dev] file.cc:N WARN" without the "NCCL" word
-_OLD_FORMAT_RE = re.compile(
+OLD_FORMAT_RE = re.compile(
     r"(?m)^((?:\[[^\]\n]{1,40}\]:? ?)?[^\s:\[\]|()<>]{1,128}:\d{1,9}:\d{1,9} (?:\[\d{1,4}\] )?"
     r"(?:[\w./+-]{1,200}:\d{1,7} )?)(INFO|WARN) ")
-_TRAIL_RE = re.compile(
+TRAIL_RE = re.compile(
     r"^(?P<file>[\w./+-]+):(?P<line>\d+) (?:\((?P<func>[^)]*)\) )?-> (?P<code>\d+)(?P<rest>.*)$"
 )
 
@@ -109,13 +107,13 @@ def normalize_comm_id(raw: str) -> str:
     except ValueError:
         return s
 
-_SNIFF_RE = re.compile(
+SNIFF_RE = re.compile(
     rb"[^\s:\[\]|()<>]+:\d+:\d+ (?:\[\d+\] )?(?:\S+ )?(?:\([^)]*\) )?NCCL (?:INFO|WARN|TRACE|CALL) |"
     rb"(?:^|\n)NCCL version \d+\.\d+\.\d+"
 )
 
 
-def _looks_binary(data: bytes) -> bool:
+def looks_binary(data: bytes) -> bool:
     if not data:
         return False
     sample = data[:65536]
@@ -128,7 +126,7 @@ def _looks_binary(data: bytes) -> bool:
 _TS_CACHE: dict[str, int | None] = {}
 
 
-def _parse_ts(ts: str) -> int | None:
+def parse_ts(ts: str) -> int | None:
     """``[%F %T]`` (optionally with a fraction) → ns since the epoch, read as UTC (formats.md §1.1)."""
     got = _TS_CACHE.get(ts)
     if got is not None or ts in _TS_CACHE:
