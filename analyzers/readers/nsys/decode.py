@@ -1,30 +1,51 @@
-"""Decoding raw nsys values: ``globalTid``/``globalPid`` bits, NCCL kernel symbols (op and dtype), the NVTX event
-type codes, and the text patterns (ranks, op texts, API version suffixes) the stages match.
-
-Why separate: these are pure functions and constants of the export format, with no SQLite connection or reader
-state; they are tested on their own (doctests, test_nsys.py) and shared by several stage modules.
-"""
+"""Raw nsys values decoded, no SQLite: ``globalTid`` bits, NCCL kernel symbols (op, dtype), NVTX event types and
+the text patterns the stages match; and the reader's fixed vocabulary (the ``detail`` of open rows, NVTX tokens)."""
 from __future__ import annotations
 
 import re
 
-__all__ = ["decode_global_tid", "parse_nccl_kernel_name"]
+__all__ = ["decode_global_tid", "parse_nccl_kernel_name", "SOURCE", "OPEN_AT_END", "OPENED_BEFORE", "NO_COMPLETION",
+           "RANKTRACE_DOMAIN", "NVTX_TOKENS", "MASK24", "NVTX_MARKS", "NVTX_RANGES", "NVTX_OPEN", "NVTX_END_ONLY",
+           "NVTX_DOMAIN_CREATE", "BACKEND_PREFIX", "RANK_TOKEN", "RANKTRACE_TEXT", "PROC_RANK", "API_VERSION"]
 
-_MASK24 = 0xFFFFFF
+SOURCE = "nsys"
+OPEN_AT_END = "open at capture end"
+OPENED_BEFORE = "opened before capture"
+NO_COMPLETION = "launched, no completion recorded"
+RANKTRACE_DOMAIN = "ranktrace"
+
+# key=value tokens understood in ranktrace-domain NVTX texts ("all_reduce group=default_pg seq=12").
+NVTX_TOKENS: dict[str, tuple[str, type]] = {
+    "group": ("group", str),
+    "pg": ("group", str),
+    "desc": ("group_desc", str),
+    "group_desc": ("group_desc", str),
+    "backend": ("backend", str),
+    "seq": ("seq", int),
+    "backend_seq": ("backend_seq", int),
+    "peer": ("peer", int),
+    "nbytes": ("nbytes", int),
+    "dtype": ("dtype", str),
+    "shape": ("shape", str),
+    "graph_id": ("graph_id", int),
+    "span": ("span_id", int),
+    "span_id": ("span_id", int),
+}
+
+MASK24 = 0xFFFFFF
 
 # NVTX event types (formats.md §2.5)
-_NVTX_MARKS = (34, 65)
-_NVTX_RANGES = (59, 60, 70, 71)
-_NVTX_OPEN = (35, 37, 66, 68)
-_NVTX_END_ONLY = (36, 38, 67, 69)
-_NVTX_DOMAIN_CREATE = 75
+NVTX_MARKS = (34, 65)
+NVTX_RANGES = (59, 60, 70, 71)
+NVTX_OPEN = (35, 37, 66, 68)
+NVTX_END_ONLY = (36, 38, 67, 69)
+NVTX_DOMAIN_CREATE = 75
 
-_BACKEND_PREFIX = re.compile(r"^(nccl|gloo|xccl|ucc|mpi|hccl|rccl|cncl):", re.IGNORECASE)
-_RANK_TOKEN = re.compile(r"(?<![A-Za-z0-9_])rank\s*[=:]\s*(\d+)", re.IGNORECASE)
-_WORLD_TOKEN = re.compile(r"(?<![A-Za-z0-9_])(?:world|world_size)\s*[=:]\s*(\d+)", re.IGNORECASE)
-_RANKTRACE_TEXT = re.compile(r"^[a-z_]+(?: [a-z_]+=\S+)*? (?:group|seq)=\S+")
-_PROC_RANK = re.compile(r"(?:rank[_=]?|_TP)(\d+)(?!\d)", re.IGNORECASE)
-_API_VERSION = re.compile(r"_v\d+$")
+BACKEND_PREFIX = re.compile(r"^(nccl|gloo|xccl|ucc|mpi|hccl|rccl|cncl):", re.IGNORECASE)
+RANK_TOKEN = re.compile(r"(?<![A-Za-z0-9_])rank\s*[=:]\s*(\d+)", re.IGNORECASE)
+RANKTRACE_TEXT = re.compile(r"^[a-z_]+(?: [a-z_]+=\S+)*? (?:group|seq)=\S+")
+PROC_RANK = re.compile(r"(?:rank[_=]?|_TP)(\d+)(?!\d)", re.IGNORECASE)
+API_VERSION = re.compile(r"_v\d+$")
 _KERNEL_DTYPES = {
     "f32": "float32", "float": "float32", "f16": "float16", "half": "float16", "bf16": "bfloat16",
     "__nv_bfloat16": "bfloat16", "f64": "float64", "double": "float64", "i8": "int8", "int8_t": "int8",
@@ -47,7 +68,7 @@ def decode_global_tid(global_tid: int | None) -> tuple[int | None, int | None]:
     if global_tid is None:
         return None, None
     g = int(global_tid)
-    return (g >> 24) & _MASK24, g & _MASK24
+    return (g >> 24) & MASK24, g & MASK24
 
 
 def parse_nccl_kernel_name(name: str) -> tuple[str, str | None]:
