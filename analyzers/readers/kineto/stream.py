@@ -1,9 +1,5 @@
-"""Streaming JSON decoder for Kineto traces: yields the top-level keys and the ``traceEvents`` one element at a time.
-
-Why separate: it knows nothing about profiler events, only about JSON text read in chunks (and how a cut or corrupt
-file looks), so the reader never holds a whole trace in memory. ``kineto.read`` turns its two exceptions into a
-:class:`ReaderError` or a :class:`Skipped`.
-"""
+"""Streaming JSON for Kineto traces: the top-level keys and the ``traceEvents`` one element at a time, read in 1 MiB
+chunks, so no trace is ever held whole; knows nothing of profiler events, only how a cut or corrupt file looks."""
 from __future__ import annotations
 
 import codecs
@@ -14,18 +10,22 @@ from typing import IO, Any, Iterator
 _CHUNK = 1 << 20
 _MAX_VALUE_CHARS = 64 << 20       # one JSON value larger than this is treated as corrupt, not as "read more"
 
+__all__ = ["Truncated", "NotJson", "JsonStream"]
 
-class _Truncated(Exception):
+
+class Truncated(Exception):
     """The input ended inside a JSON value."""
 
 
-class _NotJson(Exception):
+class NotJson(Exception):
+    """The input is not JSON (or not a trace's JSON) from `offset` on."""
+
     def __init__(self, message: str, offset: int) -> None:
         super().__init__(message)
         self.offset = offset
 
 
-class _JsonStream:
+class JsonStream:
     """Incremental reader of one top-level JSON object (or array) that yields the ``traceEvents`` one by one.
 
     Items: ``("meta", key, value)`` for each top-level key other than ``traceEvents``, ``("event", index, dict)``
@@ -66,12 +66,12 @@ class _JsonStream:
             if self.pos < len(self.buf):
                 return self.buf[self.pos]
             if not self._fill():
-                raise _Truncated(f"at char {self.consumed + self.pos}")
+                raise Truncated(f"at char {self.consumed + self.pos}")
 
     def _expect(self, chars: str) -> str:
         c = self._peek()
         if c not in chars:
-            raise _NotJson(f"expected {' or '.join(repr(x) for x in chars)}, found {c!r}", self.consumed + self.pos)
+            raise NotJson(f"expected {' or '.join(repr(x) for x in chars)}, found {c!r}", self.consumed + self.pos)
         self.pos += 1
         return c
 
@@ -82,12 +82,12 @@ class _JsonStream:
                 value, end = self.decoder.raw_decode(self.buf, self.pos)
             except json.JSONDecodeError as e:
                 if len(self.buf) - self.pos > _MAX_VALUE_CHARS:
-                    raise _NotJson(f"one JSON value runs past {_MAX_VALUE_CHARS >> 20} MiB without ending ({e.msg}): "
+                    raise NotJson(f"one JSON value runs past {_MAX_VALUE_CHARS >> 20} MiB without ending ({e.msg}): "
                                    "corrupt, or not a trace", self.consumed + e.pos) from e
                 if not self._fill():
                     if e.pos >= len(self.buf) - 1 or "Unterminated" in e.msg:
-                        raise _Truncated(f"at char {self.consumed + e.pos}") from e
-                    raise _NotJson(f"invalid JSON ({e.msg})", self.consumed + e.pos) from e
+                        raise Truncated(f"at char {self.consumed + e.pos}") from e
+                    raise NotJson(f"invalid JSON ({e.msg})", self.consumed + e.pos) from e
                 continue
             if end >= len(self.buf) and not self.eof and self._fill():
                 continue  # a number may continue in the next chunk: decode again with more text
@@ -104,7 +104,7 @@ class _JsonStream:
         while True:
             key = self._value()
             if not isinstance(key, str):
-                raise _NotJson("object key is not a string", self.consumed + self.pos)
+                raise NotJson("object key is not a string", self.consumed + self.pos)
             self._expect(":")
             if key == "traceEvents" and self._peek() == "[":
                 self.pos += 1

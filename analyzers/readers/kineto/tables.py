@@ -1,8 +1,5 @@
-"""Builds the Kineto reader's result: ``EVENTS`` rows (identity, groups, enter/exit/complete per op) with seq and time.
-
-Why separate: this is where the reader's output contract lives (formats.md §5: row kinds, per-group and p2p seq
-counters, the three time regimes), apart from how the trace was parsed and how ops were found.
-"""
+"""Ops -> the reader's result: EVENTS rows (``identity``, ``group``, ``enter``/``exit``/``complete`` per op) with the
+per-group and p2p ``seq`` counters and the trace's time regime."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -11,20 +8,21 @@ from typing import Any
 from ranktrace.analyzers import schema
 from ranktrace.analyzers.opnames import P2P_OPS
 from ranktrace.analyzers.readers.base import ReadResult
-from ranktrace.analyzers.readers.kineto_collector import _Collector
-from ranktrace.analyzers.readers.kineto_comms import attach_kernels, fold_ops
-from ranktrace.analyzers.readers.kineto_op_fields import _int, _pg_config, op_fields
+from ranktrace.analyzers.readers.kineto.collect import Collector
+from ranktrace.analyzers.readers.kineto.ops import attach_kernels, fold_ops, op_fields, pg_config, to_int
+
+__all__ = ["ABSOLUTE_EPOCH_US", "build_result"]
 
 SOURCE = "kineto"
 ABSOLUTE_EPOCH_US = 1e15           # ts above this (≈ 2001-09-09) is absolute Unix-epoch µs
 
 
-def build_result(collector: _Collector, fmt: str) -> ReadResult:
+def build_result(collector: Collector, fmt: str) -> ReadResult:
     """The reader's result for one collected trace: identity, group and per-op rows, plus the skip notes."""
     info = collector.meta.get("distributedInfo") if isinstance(collector.meta.get("distributedInfo"), dict) else {}
-    rank, world = _int(info.get("rank")), _int(info.get("world_size"))
+    rank, world = to_int(info.get("rank")), to_int(info.get("world_size"))
     backend = info.get("backend") if isinstance(info.get("backend"), str) else None
-    pgs = _pg_config(info.get("pg_config"))
+    pgs = pg_config(info.get("pg_config"))
     clock = _Clock(collector.meta.get("baseTimeNanoseconds"))
     ops = fold_ops(collector)
     attach_kernels(collector, ops)
@@ -49,8 +47,8 @@ def build_result(collector: _Collector, fmt: str) -> ReadResult:
             outgoing = op.name in ("send", "isend")
             key += ("p2p",) if peer is None else (("p2p", rank, peer) if outgoing else ("p2p", peer, rank))
         counters[key] += 1
-        fields.update(seq=counters[key], name=op.name, category=category, pid=_int(op.comm.pid),
-                      tid=_int(op.comm.tid), line=op.comm.index)
+        fields.update(seq=counters[key], name=op.name, category=category, pid=to_int(op.comm.pid),
+                      tid=to_int(op.comm.tid), line=op.comm.index)
         detail = op.raw_name + (f" (+{op.nested} nested comm events)" if op.nested else "")
         rows.append(dict(base, kind="enter", detail=detail, **clock.stamp(op.comm.ts), **fields))
         rows.append(dict(base, kind="exit", detail=detail, **clock.stamp(op.comm.end), **fields))
@@ -68,7 +66,7 @@ class _Clock:
     """Converts trace ``ts`` (µs) to (t_ns, wall_ns) for the file's time regime."""
 
     def __init__(self, base_ns: Any) -> None:
-        self.base = _int(base_ns)
+        self.base = to_int(base_ns)
 
     def stamp(self, ts_us: float) -> dict[str, int | None]:
         ns = int(round(ts_us * 1000))

@@ -1,30 +1,47 @@
-"""Collector of one Kineto trace: consumes the stream's items and keeps only what the ops need.
-
-Why separate: this is the memory-bound part (it sees every trace event, millions in a big trace), so it keeps the comm
-events, the CUDA launches as flat arrays and the NCCL kernels, and nothing else; interpreting them into ops
-(``kineto_comms``) and rows (``kineto_tables``) happens once, at the end.
-"""
+"""The one pass over a trace's events: keeps the comm events (``record_param_comms``, ``nccl:<op>`` annotations),
+the CUDA launches (as flat arrays: millions in a big trace) and the NCCL kernels, nothing else; they become ops at
+the end (:mod:`.ops`)."""
 from __future__ import annotations
 
+import re
 from array import array
 from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ranktrace.analyzers.readers.base import Skipped
-from ranktrace.analyzers.readers.kineto_comms import _BACKEND_PREFIX, _annotation_args, _Comm, _comm_args
+
+__all__ = ["BACKEND_PREFIX", "Comm", "Collector"]
+
+BACKEND_PREFIX = re.compile(r"^(nccl|gloo|xccl|ucc|mpi|hccl|rccl|cncl|mccl):(.+)$", re.IGNORECASE)
 
 
-class _Collector:
-    """Consumes stream items; keeps only what ops need; ``kineto_tables`` builds the tables from it at the end."""
+@dataclass
+class Comm:
+    """A CPU-side comm event (record_param_comms or a backend annotation) on one thread."""
+
+    index: int
+    pid: Any
+    tid: Any
+    ts: float
+    end: float
+    name: str                 # raw event name
+    is_annotation: bool
+    args: dict[str, Any]
+    children: list["Comm"] = field(default_factory=list)
+
+
+class Collector:
+    """Consumes stream items; keeps only what ops need; :mod:`.tables` builds the tables from it at the end."""
 
     def __init__(self, file: str) -> None:
         self.file = file
         self.meta: dict[str, Any] = {}
         self.saw_trace_events = False
         self.events_seen = 0
-        self.comms: dict[tuple[Any, Any], list[_Comm]] = defaultdict(list)
+        self.comms: dict[tuple[Any, Any], list[Comm]] = defaultdict(list)
         # CUDA launches, one per kernel of the trace (millions in a big one): kept as three flat arrays (20 bytes
         # a launch instead of a dict entry and a tuple); only those of NCCL kernels are looked up at the end
         self.launch_corr = array("q")
@@ -65,15 +82,15 @@ class _Collector:
             ts = float(ev["ts"])
             dur = float(ev.get("dur") or 0.0)
         except (KeyError, TypeError, ValueError):
-            if name == "record_param_comms" or _BACKEND_PREFIX.match(name):
+            if name == "record_param_comms" or BACKEND_PREFIX.match(name):
                 self.skip_counts["collective event without a numeric ts/dur"] += 1
             return
         if cat == "cpu_op" and name == "record_param_comms":
             self.comms[(ev.get("pid"), ev.get("tid"))].append(
-                _Comm(index, ev.get("pid"), ev.get("tid"), ts, ts + dur, name, False, _comm_args(args)))
-        elif cat in ("user_annotation", "cpu_op") and _BACKEND_PREFIX.match(name):
+                Comm(index, ev.get("pid"), ev.get("tid"), ts, ts + dur, name, False, _comm_args(args)))
+        elif cat in ("user_annotation", "cpu_op") and BACKEND_PREFIX.match(name):
             self.comms[(ev.get("pid"), ev.get("tid"))].append(
-                _Comm(index, ev.get("pid"), ev.get("tid"), ts, ts + dur, name, True, _annotation_args(args)))
+                Comm(index, ev.get("pid"), ev.get("tid"), ts, ts + dur, name, True, _annotation_args(args)))
         elif cat in ("cuda_runtime", "cuda_driver") and "Launch" in name and "correlation" in args:
             try:
                 corr = int(args["correlation"])
@@ -101,7 +118,7 @@ class _Collector:
 
     # -- lookups for the result
 
-    def _launches(self, wanted: set[int]) -> dict[int, tuple[Any, Any, float]]:
+    def launches(self, wanted: set[int]) -> dict[int, tuple[Any, Any, float]]:
         """correlation → (pid, tid, ts) of the launches in ``wanted`` (the last one when a correlation repeats)."""
         out: dict[int, tuple[Any, Any, float]] = {}
         if not wanted:
@@ -113,3 +130,23 @@ class _Collector:
             out[int(corr[i])] = (pid, tid, self.launch_ts[i])
         out.update((c, v) for c, v in self.big_corr.items() if c in wanted)
         return out
+
+
+_COMM_ARGS = ("Collective name", "dtype", "In msg nelems", "Out msg nelems", "Group size", "Process Group Name",
+              "Process Group Description", "Process Group Ranks", "Process Group ID", "Global rank start",
+              "Global rank stride", "Seq", "Src Rank", "Dst Rank", "Rank")
+
+
+def _comm_args(args: dict[str, Any]) -> dict[str, Any]:
+    return {k: args[k] for k in _COMM_ARGS if k in args}
+
+
+def _annotation_args(args: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    dims = args.get("Input Dims")
+    if isinstance(dims, list) and dims and isinstance(dims[0], list):
+        out["Input Dims"] = dims[0]
+    types = args.get("Input type")
+    if isinstance(types, list) and types and isinstance(types[0], str) and types[0]:
+        out["Input type"] = types[0]
+    return out
