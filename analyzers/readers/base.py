@@ -1,17 +1,7 @@
-"""The contract every reader keeps, and the small helpers most readers start from.
-
-A reader is a package ``analyzers/readers/<format>/`` whose ``__init__`` exposes:
-
-* ``FORMAT: str`` — short name (``nccl_log``, ``flight_recorder``, ``pyspy``, ...).
-* ``FIELD_MAP: tuple[ColumnMap, ...]`` — its declared raw -> column mapping.
-* structured formats (sources.STRUCTURED): ``sniff(path, head) -> bool`` (True when the *content*, the first bytes
-  given, looks like this format; file names may only break ties) and ``read(path) -> ReadResult``;
-* text families (catalogue.FAMILIES): ``read_doc(doc) -> ReadResult`` on a text input the shared opener opened.
-
-A read never prints, warns or exits and never raises on a torn or unknown line (it goes into ``skipped``); it raises
-``ReaderError`` only when the file cannot be opened or is not of this format at all. Each file is read
-independently (picklable results); merging ranks and hosts is done by ``analyzers.sources``.
-"""
+"""The reader contract: a package ``analyzers/readers/<format>/`` whose ``__init__`` has ``FORMAT``, ``FIELD_MAP``
+(its raw -> column map, ``ColumnMap`` rows) and ``sniff``/``read`` (structured formats) or ``read_doc`` (text
+families); a read returns a picklable ``ReadResult``, puts what it cannot use in ``skipped`` and raises
+``ReaderError`` only for a file it cannot open or that is not its format. Plus the helpers most readers use."""
 from __future__ import annotations
 
 import json

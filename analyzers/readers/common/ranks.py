@@ -1,29 +1,6 @@
-"""Guess a global rank from a name (file, process title) or from a launcher's line prefix.
-
-Why: most per-rank artifacts a user already has (Flight Recorder dumps, py-spy / gdb / faulthandler dumps) do not
-state the global rank inside; it lives in the file name (``fr_gloo_rank3.json``, ``nccl_trace_rank_3``), in the
-process title (``sglang::scheduler_TP3``) or in the prefix torchrun puts on every line (``[rank3]:``). Readers call
-these helpers, and the lead fills ranks a reader left null. Pure functions: no I/O.
-
-Rules (first that applies wins):
-
-1. An explicit ``rank`` marker: ``rank3``, ``rank_3``, ``rank-3``, ``Rank 3``, ``[rank3]:``, ``RANK=3``. Two
-   different explicit ranks in one name (``rank0_to_rank3``) or a range (``rank0-3``) give None.
-2. A tensor-parallel marker: ``tp1``, ``TP3``, ``scheduler_TP3``. ``TP1-3`` is a *range* of TP ranks (one process
-   serving several, or a log covering several) and gives None. TP is taken as the global rank only when no other
-   parallel dimension (``PP``, ``DP``, ``EP``, ``CP``) with a non-zero index appears in the name; otherwise the TP
-   index is only a rank inside a TP group and the result is None.
-
-Known limits:
-
-* ``local_rank3`` / ``[default3]:`` (torchrun's older ``role+local_rank`` prefix) are node-local ranks, not global:
-  None. On one node they coincide, but we cannot know that from a name.
-* ``tp8`` in a name that means "TP size 8" (``llama_tp8.log``) is read as TP rank 8: names are only a hint and
-  never override a rank stated inside the file.
-* With ``PP0_TP3`` we assume the usual pp-major layout (global = pp * tp_size + tp = tp when pp = 0).
-* Bare numbers (``trace_3``, ``pid5922``) are *not* ranks here: a Flight Recorder file's trailing number is, but a
-  py-spy file's is usually a pid, so that rule belongs to the FR reader.
-"""
+"""A global rank guessed from a name (file, process title) or a launcher's line prefix: most per-rank artifacts
+(FR dumps, py-spy / gdb / faulthandler dumps) do not state it inside, but their file name (``nccl_trace_rank_3``),
+process title (``scheduler_TP3``) or torchrun's ``[rank3]:`` does. Pure functions, no I/O."""
 from __future__ import annotations
 
 import re
@@ -50,6 +27,25 @@ def rank_from_name(name: str) -> int | None:
     (3, 1, None)
     >>> rank_from_name("pyspy_dump_pid5922.txt"), rank_from_name("local_rank2.log")
     (None, None)
+
+    Rules (first that applies wins):
+
+    1. An explicit ``rank`` marker: ``rank3``, ``rank_3``, ``rank-3``, ``Rank 3``, ``[rank3]:``, ``RANK=3``. Two
+       different explicit ranks in one name (``rank0_to_rank3``) or a range (``rank0-3``) give None.
+    2. A tensor-parallel marker: ``tp1``, ``TP3``, ``scheduler_TP3``. ``TP1-3`` is a *range* of TP ranks (one process
+       serving several, or a log covering several) and gives None. TP is taken as the global rank only when no other
+       parallel dimension (``PP``, ``DP``, ``EP``, ``CP``) with a non-zero index appears in the name; otherwise the TP
+       index is only a rank inside a TP group and the result is None.
+
+    Known limits:
+
+    * ``local_rank3`` / ``[default3]:`` (torchrun's older ``role+local_rank`` prefix) are node-local ranks, not global:
+      None. On one node they coincide, but we cannot know that from a name.
+    * ``tp8`` in a name that means "TP size 8" (``llama_tp8.log``) is read as TP rank 8: names are only a hint and never
+      override a rank stated inside the file.
+    * With ``PP0_TP3`` we assume the usual pp-major layout (global = pp * tp_size + tp = tp when pp = 0).
+    * Bare numbers (``trace_3``, ``pid5922``) are *not* ranks here: a Flight Recorder file's trailing number is, but a
+      py-spy file's is usually a pid, so that rule belongs to the FR reader.
     """
     explicit = [(m.group(1), m.group(2)) for m in _RANK.finditer(name)]
     if explicit:

@@ -1,19 +1,5 @@
-"""What the three torch text families (torch_c10d, torch_elastic, traceback) share: who wrote a line, the leaders
-that launchers and loggers put in front of a message, redaction, signal names.
-
-Why shared: a rank says the same thing in several spellings. ``[rank3]:`` (torchrun, peeled by the opener), a glog
-leader ``[E1218 20:27:21.426 ProcessGroupNCCL.cpp:629]``, a PG leader ``[PG ID 0 PG GUID 0(default_pg) Rank 3]``
-(torch ≥ 2.5), ``[PG 1 (tp) Rank 3]`` (2.1 – 2.4), ``[Rank 3]`` (≤ 2.0) and timestamps the opener does not peel
-(``Jul 13 21:22:34``, GitHub Actions ``2024-01-01T00:00:00.0000000Z``, an application's ``18:11:06.680``). Every
-family reads them one way here.
-
-Rank rule (``Speaker.global_rank``): the launcher prefix (global) wins; else a PG leader of the default group (its
-ranks are global); else the file name's rank; else a bare ``[Rank N]`` (torch ≤ 2.0 prints the rank in the group,
-which for the usual default group is the global rank: ``detail`` keeps ``pg_rank=N`` so a reader can tell); a rank in
-a named subgroup stays out of ``rank`` (``pg_rank=`` in ``detail`` only).
-
-All patterns are anchored or bounded: linear in the line.
-"""
+"""What the torch text families (torch_c10d, torch_elastic, traceback) share: who wrote a line (launcher prefix, glog
+and PG leaders, timestamps the opener leaves), read one way for all of them; redaction of messages; signal names."""
 from __future__ import annotations
 
 import re
@@ -104,7 +90,20 @@ def strip_leaders(text: str) -> tuple[str, int | None]:
 
 
 def speaker(ln: Line, text: str, name_rank: int | None = None) -> tuple[Speaker, str]:
-    """Who wrote `ln` and its message with the glog and PG leaders removed (`text` = ln.text after strip_leaders)."""
+    """Who wrote `ln` and its message with the glog and PG leaders removed (`text` = ln.text after strip_leaders).
+
+    A rank says the same thing in several spellings: ``[rank3]:`` (torchrun, peeled by the opener), a glog leader
+    ``[E1218 20:27:21.426 ProcessGroupNCCL.cpp:629]``, a PG leader ``[PG ID 0 PG GUID 0(default_pg) Rank 3]``
+    (torch ≥ 2.5), ``[PG 1 (tp) Rank 3]`` (2.1 – 2.4), ``[Rank 3]`` (≤ 2.0) and timestamps the opener does not
+    peel (``Jul 13 21:22:34``, GitHub Actions ``2024-01-01T00:00:00.0000000Z``, an application's ``18:11:06.680``).
+
+    Rank rule (``Speaker.global_rank``): the launcher prefix (global) wins; else a PG leader of the default group
+    (its ranks are global); else the file name's rank; else a bare ``[Rank N]`` (torch ≤ 2.0 prints the rank in the
+    group, which for the usual default group is the global rank: ``detail`` keeps ``pg_rank=N`` so a reader can
+    tell); a rank in a named subgroup stays out of ``rank`` (``pg_rank=`` in ``detail`` only).
+
+    All patterns are anchored or bounded: linear in the line.
+    """
     p = ln.prefix
     body, leader_rank = strip_leaders(text)
     level = log_time = None

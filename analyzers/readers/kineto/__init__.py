@@ -104,8 +104,8 @@ def read(path: Path) -> ReadResult:
     origin is unknown → ``t_ns = round(ts × 1000)`` on a trace-local clock and ``wall_ns`` null. ``displayTimeUnit``
     never changes units. Cross-host comparisons rely on NTP.
 
-    Memory: the file is parsed as a stream (:class:`.stream.JsonStream`: one ``traceEvents`` element decoded at a time, in
-    1 MiB reads), so only the collective candidates and the CUDA launches of one file are held, never its whole JSON.
+    Memory: the file is parsed as a stream (:class:`.stream.JsonStream`: one ``traceEvents`` element decoded at a time,
+    in 1 MiB reads), so only the collective candidates and the CUDA launches of one file are held, never its whole JSON.
     Launches (one per kernel: millions in a big trace) are kept as flat arrays, about 20 bytes each; one JSON value
     larger than 64 MiB is treated as corruption (the events before it are used). So memory grows with the number of
     collectives and launches, not with the size of the file.

@@ -91,18 +91,19 @@ def read(path: Path) -> ReadResult:
     What comes out:
 
     * EVENTS ``kind="enter"`` per COLL line (collectives and Send/Recv), ``source="nccl"``. ``group`` is the
-      communicator's ``commId`` taken from the Init lines of the same process: a ``comm 0x...`` pointer is process-local,
-      so ranks of one communicator are matched by commId, never by pointer. When no Init line of that pointer was seen,
-      ``group="comm:<ptr>"`` and a ``Skipped`` note says so. ``rank`` is the communicator rank, ``peer`` (Send/Recv) is
-      a communicator rank too: NCCL-log-only ranks are communicator-local (``rank_space`` observations below).
+      communicator's ``commId`` taken from the Init lines of the same process: a ``comm 0x...`` pointer is
+      process-local, so ranks of one communicator are matched by commId, never by pointer. When no Init line of that
+      pointer was seen, ``group="comm:<ptr>"`` and a ``Skipped`` note says so. ``rank`` is the communicator rank,
+      ``peer`` (Send/Recv) is a communicator rank too: NCCL-log-only ranks are communicator-local (``rank_space``
+      observations below).
     * OBSERVATIONS: ``nccl_version``, ``nccl_init_start``, ``nccl_init_complete``, ``nccl_bootstrap``,
-      ``nccl_topology``, ``nccl_transport``, ``nccl_warn``, ``nccl_destroy``, ``nccl_seq_basis`` and ``rank_space``
-      (see ``OBSERVATION_KINDS``), and the statement rows of docs/EVIDENCE.md: ``completion`` ``nccl_destroy`` per
-      ``Destroy COMPLETE``; ``init_failure`` (stage ``connect``: socket connects refused / timed out / retries
-      exceeded; ``nccl_init``: bootstrap and system errors) for a failure WARN, a ``Call to connect`` retry line or a
-      bootstrap error trail before that communicator's (without one: before the process's first) Init COMPLETE,
-      ``transport_error`` ``nccl_warn`` for one after it; ``transport_error`` ``cuda_error`` for ``Cuda failure``
-      WARNs. One row per process and kind of failure, at its first line (``Reader._failure``).
+      ``nccl_topology``, ``nccl_transport``, ``nccl_warn``, ``nccl_destroy``, ``nccl_seq_basis`` and ``rank_space`` (see
+      ``OBSERVATION_KINDS``), and the statement rows of docs/EVIDENCE.md: ``completion`` ``nccl_destroy`` per ``Destroy
+      COMPLETE``; ``init_failure`` (stage ``connect``: socket connects refused / timed out / retries exceeded;
+      ``nccl_init``: bootstrap and system errors) for a failure WARN, a ``Call to connect`` retry line or a bootstrap
+      error trail before that communicator's (without one: before the process's first) Init COMPLETE,
+      ``transport_error`` ``nccl_warn`` for one after it; ``transport_error`` ``cuda_error`` for ``Cuda failure`` WARNs.
+      One row per process and kind of failure, at its first line (``Reader._failure``).
 
     How ``seq`` is defined (decided per communicator, i.e. per ``(host, pid, comm pointer)`` life):
 
@@ -125,13 +126,13 @@ def read(path: Path) -> ReadResult:
     bounded by the spaces after "NCCL", numbers are read eight digits at a time, prefixes and comm pointers are
     dictionary-encoded and resolved once per distinct value. Every other line containing "NCCL" goes through the
     reference regex loop (one ``re.finditer`` of ``SCAN_RE``, whose pattern starts with the literal ``NCCL``), except
-    lines such as TUNING ones that provably cannot match it. The rarer lines (Init, teardown, ...) change what a COLL line
-    resolves to, so they split the COLL lines into runs processed in line order; runs shorter than ``_VEC_MIN_ROWS``
-    and chunks under ``_VEC_MIN_BYTES`` use the regex loop. Both paths give the same rows (tested). What a chunk
-    leaves is one int64 row of 9 fields per COLL line in Arrow's memory pool; at the end those blocks become EVENTS
-    record batches one by one (each block freed once converted), so the peak is about the EVENTS table plus the
-    blocks, i.e. proportional to the output, not to the input. NUL bytes are dropped before lines are cut (sparse
-    holes, ``logrotate copytruncate``; a hole is skipped with ``SEEK_DATA``) and counted in one ``Skipped``.
+    lines such as TUNING ones that provably cannot match it. The rarer lines (Init, teardown, ...) change what a COLL
+    line resolves to, so they split the COLL lines into runs processed in line order; runs shorter than
+    ``_VEC_MIN_ROWS`` and chunks under ``_VEC_MIN_BYTES`` use the regex loop. Both paths give the same rows (tested).
+    What a chunk leaves is one int64 row of 9 fields per COLL line in Arrow's memory pool; at the end those blocks
+    become EVENTS record batches one by one (each block freed once converted), so the peak is about the EVENTS table
+    plus the blocks, i.e. proportional to the output, not to the input. NUL bytes are dropped before lines are cut
+    (sparse holes, ``logrotate copytruncate``; a hole is skipped with ``SEEK_DATA``) and counted in one ``Skipped``.
     ``bench/bench_nccl_log_parse.py`` measures speed and peak memory.
 
     ``detail`` of a COLL event is ``comm=<pointer>`` (it joins torch's ``ProcessGroupNCCL created ncclComm_ 0x...``

@@ -167,8 +167,8 @@ def _events(st: Reader, world: int | None) -> tuple[pa.Table, dict[int, tuple[st
     return pa.Table.from_batches(batches, schema=schema.EVENTS), basis
 
 
-def _event_batch(st: Reader, blk: np.ndarray, world: int | None, look: dict[str, pa.Array],
-                 dt_size: np.ndarray, rooted_op: np.ndarray, p2p_by_op: np.ndarray, use_opcount: np.ndarray) -> pa.RecordBatch:
+def _event_batch(st: Reader, blk: np.ndarray, world: int | None, look: dict[str, pa.Array], dt_size: np.ndarray,
+                 rooted_op: np.ndarray, p2p_by_op: np.ndarray, use_opcount: np.ndarray) -> pa.RecordBatch:
     n = len(blk)
     line, ii, ci, seq, opc, oi, dt, cnt, root = (np.ascontiguousarray(blk[:, k]) for k in range(NMETA))
     is_p2p = p2p_by_op[oi]

@@ -156,8 +156,9 @@ def read(path: Path) -> ReadResult:
     ``TARGET_INFO_SESSION_START_TIME`` (+ ``utcEpochNs + t`` when the export was time-normalized). Both rules are
     **unverified** on multi-node captures (formats.md §2.3): compare hosts by wall clock with care.
 
-    Bounded memory: every large table is read with ``fetchmany`` in batches of ``export.BATCH_ROWS`` (set it
-    there), each batch turned into an Arrow table at once; only op ranges (for kernel attribution) and small lookup tables stay in Python.
+    Bounded memory: every large table is read with ``fetchmany`` in batches of ``export.BATCH_ROWS`` (set it there),
+    each batch turned into an Arrow table at once; only op ranges (for kernel attribution) and small lookup tables stay
+    in Python.
 
     Bad input: a missing/empty/non-SQLite file, one cut inside its first page, a locked database (another process
     holds an exclusive lock, e.g. nsys still writing: retry), a SQLite file without the nsys tables, or one whose

@@ -56,8 +56,8 @@ def read(path: Path) -> ReadResult:
       ``detail`` = process name (as printed: may be truncated with ``...``) and type (C, G, C+G).
     * ``topology`` — one per matrix: ``detail`` = ``"nvlink"`` (every GPU pair is NV#), ``"pcie"`` (no pair is),
       ``"mixed"`` (some are) or ``"single_gpu"``; ``value`` = number of GPUs.
-    * ``topology_link`` — one per unordered GPU pair: ``name`` = ``"GPU0-GPU1"``, ``detail`` = the matrix cell
-      (``NV4``, ``NV18``, ``PIX``, ``PXB``, ``PHB``, ``NODE``, ``SYS``, ...), ``value`` = NVLink count for NV# else null.
+    * ``topology_link`` — one per unordered GPU pair: ``name`` = ``"GPU0-GPU1"``, ``detail`` = the matrix cell (``NV4``,
+      ``NV18``, ``PIX``, ``PXB``, ``PHB``, ``NODE``, ``SYS``, ...), ``value`` = NVLink count for NV# else null.
 
     Layouts handled: the pre-470 narrow table, the 470–550 table (``GPU  Name  Persistence-M``, processes with
     ``GI``/``CI`` columns) and the 555+ wide table (wider Bus-Id column); several snapshots in one file (``nvidia-smi

@@ -1,10 +1,4 @@
-"""Lines -> typed records: each c10d message a line holds, with who said it.
-
-One pass over the document. A line is looked at only when the one KEY search finds a message in it, or when it
-continues a statement the previous lines opened (a desync snapshot, ``Last error:`` after an NCCL error, ``what():``
-after ``terminate called``, the monitoredBarrier error after ProcessGroupWrapper's collective). Torn or unknown lines
-become ``Skipped`` notes, never errors.
-"""
+"""Lines -> typed records: each c10d message a line holds, with who said it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -151,6 +145,12 @@ class Scan:
 
 
 def scan(doc: TextDoc) -> Scan:
+    """
+    One pass over the document. A line is looked at only when the one KEY search finds a message in it, or when it
+    continues a statement the previous lines opened (a desync snapshot, ``Last error:`` after an NCCL error, ``what():``
+    after ``terminate called``, the monitoredBarrier error after ProcessGroupWrapper's collective). Torn or unknown
+    lines become ``Skipped`` notes, never errors.
+    """
     return _Scanner(doc).run()
 
 

@@ -1,26 +1,6 @@
-"""Records -> rows: a STACKS row per traceback, an ``exception`` observation, an EVENTS ``enter`` when it was raised
-inside a torch.distributed op, an ``init_failure`` when inside process-group set-up at a stage the frames name;
-for torch's "Segfault encountered" report, a native STACKS row and a ``rank_exit`` (segfault).
-
-Worked example (pytorch-131781-b, rank 13)::
-
-    [rank13]: Traceback (most recent call last):
-    [rank13]:   File "/home/ubuntu/test.py", line 9, in run
-    [rank13]:     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    [rank13]:   File ".../site-packages/torch/distributed/c10d_logger.py", line 75, in wrapper
-    [rank13]:   File ".../site-packages/torch/distributed/distributed_c10d.py", line 2219, in all_reduce
-    [rank13]:     work = group.allreduce([tensor], opts)
-    [rank13]: torch.distributed.DistBackendError: NCCL error in: ...ProcessGroupNCCL.cpp:1970, unhandled system error
-
-    STACKS       rank 13, frames ["all_reduce (torch/distributed/distributed_c10d.py:2219)",
-                 "wrapper (torch/distributed/c10d_logger.py:75)", "run (/home/ubuntu/test.py:9)", ...], exception
-    OBSERVATIONS exception rank 13, name DistBackendError, group all_reduce, detail "NCCL error in: ..."
-    EVENTS       enter rank 13, all_reduce (collective), callsite "run (/home/ubuntu/test.py:9)", error "Dist..."
-
-Rank: the launcher prefix, else the spawn index ("-- Process 3 terminated with the following error:"), else the
-file name, else a rank the message states ("[1] is setting up NCCL communicator", "aborted on rank 3",
-"[Rank 3] ..."); a launcher's own traceback (torchrun, spawn's join) has none.
-"""
+"""Records -> rows: a STACKS record per traceback, an ``exception`` observation, an EVENTS ``enter`` when it was
+raised inside a torch.distributed op, an ``init_failure`` when inside process-group set-up at a stage the frames
+name; for torch's "Segfault encountered" report, a native stack and a ``rank_exit`` (segfault)."""
 from __future__ import annotations
 
 import os
@@ -42,7 +22,27 @@ _WATCHDOG_SYMS = ("ncclCommWatchdog", "Watchdog::run", "workCleanupLoop", "watch
 
 def build(records: list[object], file: str, source: str) -> tuple[list[dict[str, Any]], list[StackRecord],
                                                                   list[dict[str, Any]]]:
-    """(EVENTS rows, stack records, OBSERVATIONS rows)."""
+    """(EVENTS rows, stack records, OBSERVATIONS rows).
+
+    Worked example (pytorch-131781-b, rank 13)::
+
+        [rank13]: Traceback (most recent call last):
+        [rank13]:   File "/home/ubuntu/test.py", line 9, in run
+        [rank13]:     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        [rank13]:   File ".../site-packages/torch/distributed/c10d_logger.py", line 75, in wrapper
+        [rank13]:   File ".../site-packages/torch/distributed/distributed_c10d.py", line 2219, in all_reduce
+        [rank13]:     work = group.allreduce([tensor], opts)
+        [rank13]: torch.distributed.DistBackendError: NCCL error in: ...NCCL.cpp:1970, unhandled system error
+
+        STACKS       rank 13, frames ["all_reduce (torch/distributed/distributed_c10d.py:2219)",
+                     "wrapper (torch/distributed/c10d_logger.py:75)", "run (/home/ubuntu/test.py:9)", ...], exception
+        OBSERVATIONS exception rank 13, name DistBackendError, group all_reduce, detail "NCCL error in: ..."
+        EVENTS       enter rank 13, all_reduce (collective), callsite "run (/home/ubuntu/test.py:9)", error "Dist..."
+
+    Rank: the launcher prefix, else the spawn index ("-- Process 3 terminated with the following error:"), else the
+    file name, else a rank the message states ("[1] is setting up NCCL communicator", "aborted on rank 3",
+    "[Rank 3] ..."); a launcher's own traceback (torchrun, spawn's join) has none.
+    """
     events: list[dict[str, Any]] = []
     stacks: list[StackRecord] = []
     obs: list[dict[str, Any]] = []
