@@ -1,4 +1,4 @@
-"""analyzers/readers/nsys.py on the real nsys 2026.2 export and on the generated 2-rank hang export."""
+"""analyzers/readers/nsys on the real nsys 2026.2 export and on the generated 2-rank hang export."""
 from __future__ import annotations
 
 import shutil

@@ -36,7 +36,7 @@ def read_doc(doc: TextDoc) -> ReadResult:
     state letter (``R``, ``S``, ``D`` ...; null when the listing has no state column), ``value`` = CPU % rounded
     (null when not listed), ``detail`` = ``pid=.. [ppid=..] [gpu=.. type=.. mem=..] by=ps|top|forest|pstree|nvidia-smi
     cmd=<command, redacted>``, ``rank`` = the rank the command or process title names
-    (``sglang::scheduler_TP3``, ``--rank 3``; rankinfer.rank_from_name), else null.
+    (``sglang::scheduler_TP3``, ``--rank 3``; common.ranks.rank_from_name), else null.
 
     Commands pass through ``tracer.redact`` (``--api-key X``, ``HF_TOKEN=..``, token-shaped values) and are cut at
     2000 characters. Known limits: ``ps`` columns with spaces inside (``lstart``) shift the row; a forest's parent is
