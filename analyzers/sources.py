@@ -266,7 +266,7 @@ def _fill_ranks(inputs: Inputs) -> None:
     tables = (inputs.events, inputs.stacks, inputs.observations)
     if not any(t.num_rows and t["rank"].null_count for t in tables):
         return
-    from ranktrace.analyzers.readers import rankinfer
+    from ranktrace.analyzers.readers.common.ranks import rank_from_name
 
     ev = inputs.events
     known = ev.select(["host", "pid", "rank"]).filter(pc.is_valid(ev["rank"]))
@@ -286,7 +286,7 @@ def _fill_ranks(inputs: Inputs) -> None:
             r = pid_only.get(pid)
         if r is None and fname:
             if fname not in by_name:
-                by_name[fname] = rankinfer.rank_from_name(Path(fname).name)
+                by_name[fname] = rank_from_name(Path(fname).name)
             r = by_name[fname]
         return r
 

@@ -1,20 +1,11 @@
-"""The contract every reader module keeps.
-
-A reader module (``analyzers/readers/<format>.py``) exposes:
-
-* ``FORMAT: str`` — short name (``nccl_log``, ``flight_recorder``, ``pyspy``, ...).
-* ``sniff(path: Path, head: bytes) -> bool`` — True when the *content* (first bytes given) looks like this format;
-  file names may only break ties, never decide alone.
-* ``read(path: Path) -> ReadResult`` — reads one file. Never prints, warns or exits; never raises on a torn or
-  unknown line (it goes into ``skipped``). Raises ``ReaderError`` only when the file cannot be opened or is not
-  of this format at all.
-
-Each file is read independently (picklable results); merging ranks and hosts is done by ``analyzers.sources``.
-"""
+"""The reader contract: a package ``analyzers/readers/<format>/`` whose ``__init__`` has ``FORMAT``, ``FIELD_MAP``
+(its raw -> column map, ``ColumnMap`` rows) and ``sniff``/``read`` (structured formats) or ``read_doc`` (text
+families); a read returns a picklable ``ReadResult``, puts what it cannot use in ``skipped`` and raises
+``ReaderError`` only for a file it cannot open or that is not its format. Plus the helpers most readers use."""
 from __future__ import annotations
 
 import json
-
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,8 +14,8 @@ import pyarrow as pa
 
 from ranktrace.analyzers import schema
 
-__all__ = ["Skipped", "ReadResult", "ReaderError", "ColumnMap", "empty_result", "read_file_bytes", "has_nul_bytes", "json_array_items",
-           "empty_file", "decode_text"]
+__all__ = ["Skipped", "ReadResult", "ReaderError", "ColumnMap", "empty_result", "read_file_bytes", "has_nul_bytes",
+           "binary_or_json", "json_array_items", "empty_file", "decode_text"]
 
 
 @dataclass(frozen=True)
@@ -52,13 +43,13 @@ class ReadResult:
 
 @dataclass(frozen=True)
 class ColumnMap:
-    """One line of a reader's declared raw -> column mapping (style.md: field mapping is declared, per reader)."""
+    """One line of a reader's declared raw -> column mapping: every reader's ``FIELD_MAP`` is a tuple of these."""
 
-    raw: str
-    column: str
-    type: str
-    default: str
-    since: str
+    raw: str        # the raw field, line part or derived quantity
+    column: str     # where it lands: ``EVENTS.x`` / ``OBSERVATIONS.x`` / a STACKS column ('' = used inside only)
+    type: str       # its raw type, unit or the conversion applied
+    default: str    # the value when it is absent ("null", "required", "-" when not applicable)
+    since: str      # first version of the writer known to print it ("-" when not versioned)
 
 
 class ReaderError(Exception):
@@ -99,6 +90,12 @@ def has_nul_bytes(data: bytes) -> bool:
     """A NUL in the first 64 KiB: a binary file (or a log with a sparse hole up front), never one of the text
     formats whose sniffers ask."""
     return b"\x00" in data[:65536]
+
+
+def binary_or_json(head: bytes) -> bool:
+    """Pickles, NUL bytes and JSON documents: never one of the text dump formats (a ``[rank0]:`` prefix is fine)."""
+    h = head.lstrip()
+    return h[:1] in (b"{", b"\x80") or b"\x00" in head or re.match(rb"\[\s*[{\]]", h) is not None
 
 
 def json_array_items(text: str, pos: int) -> list[Any]:

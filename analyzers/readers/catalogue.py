@@ -1,13 +1,7 @@
 """The catalogue of evidence signatures: which lines of a text input belong to which family, wherever they occur.
-
-A text input is not one format. A Slurm log holds NCCL lines, watchdog timeouts, a Python traceback and a py-spy
-dump that someone pasted in; a ticket holds a cut excerpt of any of them. So every text input is walked line by
-line (after the shared opener peeled the launcher prefixes) against the signatures of every family, and each family
-whose signatures occur reads the input. A signature is a line pattern that only that family's lines have; all are
-anchored or literal-led, so the walk stays linear in the input.
-
-Each family module (``analyzers/readers/<family>.py`` or package) provides ``read_doc(doc) -> ReadResult``.
-"""
+A text input is not one format (a Slurm log holds NCCL lines, a watchdog timeout, a traceback, a pasted py-spy dump),
+so each input is walked line by line against every family's signatures (anchored or literal-led: linear), and each
+family whose signatures occur reads it with its package's ``read_doc(doc)``."""
 from __future__ import annotations
 
 import re

@@ -9,12 +9,19 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ranktrace.analyzers import schema
-from ranktrace.analyzers.readers.base import ReadResult
+from ranktrace.analyzers import schema, sources
+from ranktrace.analyzers.readers import catalogue
+from ranktrace.analyzers.readers.base import ColumnMap, ReadResult
 
-__all__ = ["REPO", "check_contract", "check_field_map", "load_script", "rows"]
+__all__ = ["REPO", "READERS", "check_contract", "check_field_map", "load_script", "rows"]
 
 REPO = Path(__file__).resolve().parents[2]
+
+#: Every reader package: the structured formats sources.py sniffs, the text families of the catalogue, and the
+#: monitor's samples (read from a host dir by sources.py).
+READERS: tuple[str, ...] = tuple(sorted(
+    {f"ranktrace.analyzers.readers.{name}" for name in (*sources.STRUCTURED, "ranktrace_samples")}
+    | {family.module for family in catalogue.FAMILIES}))
 
 
 def check_contract(result: ReadResult, fmt: str, source: str, file: Path) -> None:
@@ -36,12 +43,15 @@ def check_contract(result: ReadResult, fmt: str, source: str, file: Path) -> Non
 
 
 def check_field_map(module: ModuleType) -> None:
-    """Every ``EVENTS.x`` / ``OBSERVATIONS.x`` named in a reader's declared mapping is a real column."""
-    assert module.FIELD_MAP
+    """A reader's declared mapping is a tuple of ``ColumnMap`` (one type for every reader, every field a string),
+    and every ``EVENTS.x`` / ``OBSERVATIONS.x`` / ``STACKS.x`` it names is a real column."""
+    assert isinstance(module.FIELD_MAP, tuple) and module.FIELD_MAP
     for entry in module.FIELD_MAP:
-        assert entry.raw and entry.type is not None and entry.since
-        for table, column in re.findall(r"\b(EVENTS|OBSERVATIONS)\.(\w+)", entry.column):
-            names = (schema.EVENTS if table == "EVENTS" else schema.OBSERVATIONS).names
+        assert type(entry) is ColumnMap, f"{module.__name__}: {entry!r} is not a ColumnMap"
+        assert all(isinstance(v, str) for v in (entry.raw, entry.column, entry.type, entry.default, entry.since))
+        assert entry.raw and entry.since
+        for table, column in re.findall(r"\b(EVENTS|OBSERVATIONS|STACKS)\.(\w+)", entry.column):
+            names = getattr(schema, table).names
             assert column in names, f"{module.__name__}: {entry.raw} → {table}.{column} is not a column"
 
 

@@ -229,7 +229,7 @@ def test_rank_from_filename(name: str, rank: int | None) -> None:
 
 
 def test_column_map_names_real_columns() -> None:
-    for m in fr.COLUMN_MAP:
+    for m in fr.FIELD_MAP:
         assert m.column.split(" ")[0] in schema.EVENTS.names, m
 
 

@@ -1,4 +1,4 @@
-"""analyzers/readers/kineto.py on the six real HTA traces and a hand-made one."""
+"""analyzers/readers/kineto on the six real HTA traces and a hand-made one."""
 from __future__ import annotations
 
 import gzip
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ranktrace.analyzers.readers import kineto, kineto_json_stream
+from ranktrace.analyzers.readers import kineto
+from ranktrace.analyzers.readers.kineto import collect as kineto_collect, stream as kineto_json_stream
 from ranktrace.analyzers.readers.base import ReaderError
 from tests.readers.shared_reader_checks import REPO, check_contract, check_field_map, rows
 
@@ -285,8 +286,8 @@ class TestBigTrace:
         assert any("runs past 1 MiB without ending" in s.reason for s in result.skipped), result.skipped
 
     def test_launch_lookup_keeps_the_last_of_repeated_correlations(self) -> None:
-        c = kineto._Collector("x")
+        c = kineto_collect.Collector("x")
         for ts, corr in ((1.0, 5), (2.0, 7), (3.0, 5), (4.0, 1 << 70)):
             c.take(("event", 0, {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 2,
                                  "ts": ts, "dur": 1, "args": {"correlation": corr}}))
-        assert c._launches({5, 1 << 70, 9}) == {5: (1, 2, 3.0), 1 << 70: (1, 2, 4.0)}
+        assert c.launches({5, 1 << 70, 9}) == {5: (1, 2, 3.0), 1 << 70: (1, 2, 4.0)}

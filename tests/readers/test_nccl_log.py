@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from ranktrace.analyzers.readers import nccl_log, nccl_log_chunks, nccl_log_walk
+from ranktrace.analyzers.readers import nccl_log
+from ranktrace.analyzers.readers.nccl_log import interpret as nccl_log_interpret, scan as nccl_log_scan
 from ranktrace.analyzers.readers.base import ReaderError
 from tests.readers.shared_reader_checks import check_contract, rows
 
@@ -192,7 +193,7 @@ def test_missing_file_raises_reader_error(tmp_path: Path) -> None:
 
 def test_chunk_boundaries_do_not_change_the_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     whole = read(FIX / "prefixes.log")
-    monkeypatch.setattr(nccl_log_chunks, "_CHUNK", 97)  # cut the file in many pieces, mid-line
+    monkeypatch.setattr(nccl_log_scan, "_CHUNK", 97)  # cut the file in many pieces, mid-line
     cut = nccl_log.read(FIX / "prefixes.log")
     assert cut.events.to_pylist() == whole.events.to_pylist()
     assert cut.observations.to_pylist() == whole.observations.to_pylist()
@@ -279,10 +280,10 @@ def test_numpy_path_and_regex_loop_give_the_same_tables(tmp_path: Path, monkeypa
             lines += _init_lines("0x5501", 0)
     path = tmp_path / "mixed.log"
     path.write_text("".join(lines))
-    monkeypatch.setattr(nccl_log_chunks, "_CHUNK", 256 << 10)
-    monkeypatch.setattr(nccl_log_walk, "_VEC_MIN_ROWS", 8)
+    monkeypatch.setattr(nccl_log_scan, "_CHUNK", 256 << 10)
+    monkeypatch.setattr(nccl_log_interpret, "_VEC_MIN_ROWS", 8)
     bulk = read(path)
-    monkeypatch.setattr(nccl_log_walk, "_VEC_MIN_BYTES", 1 << 62)  # regex loop only
+    monkeypatch.setattr(nccl_log_interpret, "_VEC_MIN_BYTES", 1 << 62)  # regex loop only
     loop = read(path)
     assert bulk.events.num_rows > 4000
     assert bulk.events.to_pylist() == loop.events.to_pylist()

@@ -1,4 +1,4 @@
-"""analyzers/readers/nsys.py on the real nsys 2026.2 export and on the generated 2-rank hang export."""
+"""analyzers/readers/nsys on the real nsys 2026.2 export and on the generated 2-rank hang export."""
 from __future__ import annotations
 
 import shutil
@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ranktrace.analyzers.readers import nsys, nsys_export
+from ranktrace.analyzers.readers import nsys
+from ranktrace.analyzers.readers.nsys import export as nsys_export
 from ranktrace.analyzers.readers.base import ReaderError
 from tests.readers.shared_reader_checks import REPO, check_contract, check_field_map, load_script, rows
 

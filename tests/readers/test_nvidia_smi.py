@@ -1,4 +1,4 @@
-"""analyzers/readers/nvidia_smi.py on nvidia-smi tables and topo matrices of several driver generations."""
+"""analyzers/readers/nvidia_smi on nvidia-smi tables and topo matrices of several driver generations."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from ranktrace.analyzers.readers.rankinfer import rank_from_name, rank_from_prefix, split_rank_prefix
+from ranktrace.analyzers.readers.common.ranks import rank_from_name, rank_from_prefix, split_rank_prefix
 
 
 @pytest.mark.parametrize(

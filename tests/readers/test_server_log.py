@@ -1,4 +1,4 @@
-"""analyzers/readers/server_log.py on SGLang / vLLM logs written from the real message texts."""
+"""analyzers/readers/server_log on SGLang / vLLM logs written from the real message texts."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,24 +1,6 @@
-"""Read versions and environment settings (collect_env, check_env, pip, ``NCCL version``, ``export NCCL_*``) into
-``version`` and ``env`` OBSERVATIONS rows.
-
-Why: half of the hangs people post are explained by a version (an NCCL release with a known bug, a driver too old
-for P2P on a GPU) or a setting (``NCCL_P2P_DISABLE=1`` that fixes it, ``NCCL_SOCKET_IFNAME`` pointing at the wrong
-interface). The report shows them as context next to the verdict; the wordings read are in ``signatures``.
-
-Rows (``source="env_versions"``, ``file``, ``line``, ``rank`` = the line's launcher prefix rank or null):
-
-* ``version`` — ``name`` = ``torch`` | ``nccl`` | ``cuda`` (runtime) | ``torch_cuda`` (CUDA torch was built with) |
-  ``driver`` | ``python`` | a framework (``vllm``, ``sglang``, ``deepspeed``, ``horovod``, ``transformers``,
-  ``flashinfer``, ``triton`` ...), ``detail`` = the version string (``2.1.0+cu121``); ``value`` null.
-* ``env`` — ``name`` = the variable (``NCCL_*``, ``TORCH_*``, ``CUDA_*``, ``GLOO_*``, ``VLLM_*``, ``MASTER_*``,
-  ``WORLD_SIZE``, ...), ``detail`` = its value through ``tracer.redact.redact_env`` (a secret-named variable's
-  value is never written). From ``export``/``declare -x`` lines, ``env | grep`` output, assignments in front of a
-  command, and NCCL's ``NCCL_X set by environment to Y``.
-
-One row per (kind, name, value): the first line that states it. ``ReadResult.version`` = the torch version.
-Known limits: an assignment after a command (an argument, no effect) is not read on purpose; settings made in
-Python (``os.environ[...] = ...``) or in a YAML launcher config are not read.
-"""
+"""env_versions: versions and environment settings (collect_env, check_env, pip, ``NCCL version``,
+``export NCCL_*``) read into ``version`` / ``env`` OBSERVATIONS: half of the hangs people post are explained by a
+version or a setting. Stages: :mod:`.signatures` (the wordings) -> :mod:`.scan` -> :mod:`.rows`."""
 from __future__ import annotations
 
 from ranktrace.analyzers.readers.base import ColumnMap, ReaderError, ReadResult
@@ -49,7 +31,22 @@ OBSERVATION_KINDS: dict[str, str] = {
 
 
 def read_doc(doc: TextDoc) -> ReadResult:
-    """The versions and settings stated in `doc`. ReaderError when it states none."""
+    """The versions and settings stated in `doc`. ReaderError when it states none.
+
+    Rows (``source="env_versions"``, ``file``, ``line``, ``rank`` = the line's launcher prefix rank or null):
+
+    * ``version`` — ``name`` = ``torch`` | ``nccl`` | ``cuda`` (runtime) | ``torch_cuda`` (CUDA torch was built with) |
+      ``driver`` | ``python`` | a framework (``vllm``, ``sglang``, ``deepspeed``, ``horovod``, ``transformers``,
+      ``flashinfer``, ``triton`` ...), ``detail`` = the version string (``2.1.0+cu121``); ``value`` null.
+    * ``env`` — ``name`` = the variable (``NCCL_*``, ``TORCH_*``, ``CUDA_*``, ``GLOO_*``, ``VLLM_*``, ``MASTER_*``,
+      ``WORLD_SIZE``, ...), ``detail`` = its value through ``tracer.redact.redact_env`` (a secret-named variable's
+      value is never written). From ``export``/``declare -x`` lines, ``env | grep`` output, assignments in front of a
+      command, and NCCL's ``NCCL_X set by environment to Y``.
+
+    One row per (kind, name, value): the first line that states it. ``ReadResult.version`` = the torch version.
+    Known limits: an assignment after a command (an argument, no effect) is not read on purpose; settings made in
+    Python (``os.environ[...] = ...``) or in a YAML launcher config are not read.
+    """
     facts = scan.scan(doc)
     if not facts:
         raise ReaderError(doc.path, "no version or environment setting")

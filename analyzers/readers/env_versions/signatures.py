@@ -1,24 +1,24 @@
-"""The lines that state a version or an environment setting, as the tools print them.
-
-* ``python -m torch.utils.collect_env`` (and vLLM's copy of it): ``PyTorch version: 2.1.0+cu121``, ``CUDA runtime
-  version: 12.1.105``, ``Nvidia driver version: 535.104.05``, ``Python version: 3.10.12 (main, ...)``,
-  ``vLLM Version: 0.5.2``, then ``[pip3] torch==2.1.0`` / ``[conda] pytorch  2.1.0  py3.10_cuda12.1_0  pytorch``;
-  ``python -m sglang.check_env``: ``sglang: 0.4.1``, ``PyTorch: 2.5.1+cu124``, ``CUDA Driver Version: 550.54.15``;
-* ``pip freeze`` (``torch==2.1.0``), ``pip list`` (``torch   2.1.0``), ``Successfully installed torch-2.1.0 ...``;
-* ``NCCL version 2.18.1+cuda12.1`` anywhere (torch's error messages end with ``NCCL version 2.20.5``), vLLM's
-  ``vLLM is using nccl==2.28.9``, nvidia-smi's ``Driver Version: 535.183.01``;
-* settings: ``NCCL_P2P_DISABLE=1``, ``export NCCL_DEBUG=INFO``, ``declare -x NCCL_IB_HCA="mlx5"``, and
-  ``NCCL_DEBUG=INFO torchrun ...`` (assignments in front of a command). An assignment written *after* a command
-  (``./all_reduce_perf -g 2 NCCL_P2P_DISABLE=1``) is an argument, not the environment, and is not read.
-
-Anchored or literal-led, bounded patterns.
-"""
+"""The lines that state a version or an environment setting, as the tools print them (the wordings are listed
+above the patterns)."""
 from __future__ import annotations
 
 import re
 
 __all__ = ["CATALOGUE", "PACKAGES", "ENV_PREFIXES", "COLLECT_ENV", "CHECK_ENV", "PIP_FREEZE", "PIP_LIST", "PIP_TAG",
            "INSTALLED", "NCCL_VERSION", "VLLM_NCCL", "SET_BY_ENV", "DRIVER", "ASSIGNMENTS", "ASSIGNMENT", "package_name"]
+
+# * ``python -m torch.utils.collect_env`` (and vLLM's copy of it): ``PyTorch version: 2.1.0+cu121``, ``CUDA runtime
+#   version: 12.1.105``, ``Nvidia driver version: 535.104.05``, ``Python version: 3.10.12 (main, ...)``,
+#   ``vLLM Version: 0.5.2``, then ``[pip3] torch==2.1.0`` / ``[conda] pytorch  2.1.0  py3.10_cuda12.1_0  pytorch``;
+#   ``python -m sglang.check_env``: ``sglang: 0.4.1``, ``PyTorch: 2.5.1+cu124``, ``CUDA Driver Version: 550.54.15``;
+# * ``pip freeze`` (``torch==2.1.0``), ``pip list`` (``torch   2.1.0``), ``Successfully installed torch-2.1.0 ...``;
+# * ``NCCL version 2.18.1+cuda12.1`` anywhere (torch's error messages end with ``NCCL version 2.20.5``), vLLM's
+#   ``vLLM is using nccl==2.28.9``, nvidia-smi's ``Driver Version: 535.183.01``;
+# * settings: ``NCCL_P2P_DISABLE=1``, ``export NCCL_DEBUG=INFO``, ``declare -x NCCL_IB_HCA="mlx5"``, and
+#   ``NCCL_DEBUG=INFO torchrun ...`` (assignments in front of a command). An assignment written *after* a command
+#   (``./all_reduce_perf -g 2 NCCL_P2P_DISABLE=1``) is an argument, not the environment, and is not read.
+#
+# Anchored or literal-led, bounded patterns.
 
 #: distribution name (lower case, '-' and '_' alike) → the ``version`` row's name
 PACKAGES: dict[str, str] = {

@@ -1,30 +1,6 @@
-"""Read Horovod's stall inspector warnings and shutdown errors into OBSERVATIONS statement rows.
-
-Why: when Horovod ranks submit different tensors (or one rank stops submitting), the coordinator prints every 60 s
-which ranks the others wait for: the only explicit "who is missing" statement a Horovod job gives. The texts are
-inside training logs, often behind mpirun's ``[1,0]<stderr>:`` prefix, wrapped or cut by the paste; see
-``signatures`` for every wording read.
-
-Rows (``source="horovod"``, ``file``, ``line`` = the line that names the rank):
-
-* ``missing_rank`` — one per (rank, op) stated missing (``Missing ranks:`` / ``Stalled ranks:`` lists,
-  ``[missing ranks: ..]``); ``rank`` = the missing rank, ``name`` = the op from the tensor name
-  (``HorovodAllreduce_*`` / ``allreduce.*`` → ``all_reduce``, Broadcast → ``broadcast``, Allgather →
-  ``all_gather``, Alltoall → ``all_to_all``; null when the name says none), ``detail`` = ``by=horovod
-  tensor=<first tensor> (+N more tensors) [shutdown=yes]``.
-* ``joined_rank`` — one per (rank, op) listed in ``[ready ranks: ..]``: the ranks that did submit.
-* ``exception`` — ``name`` = the error type printed in front of ``Horovod has been shut down`` (``AbortedError``,
-  ``Aborted``, ``UnknownError``, ``Unknown``; ``HorovodShutdown`` when none), one per (rank, type) with the
-  repeat count; ``HorovodStallShutdown`` for ``... is stalled for longer than N seconds. Will shutdown.``;
-  ``HorovodInternalError``. ``rank`` = the rank that printed it (mpirun prefix, file name), else null.
-
-A warning with no rank list (the header alone) gives no row: it says some op waited 60 s, not who is missing
-(often a slow step that then completes). ``seq`` is never known (``value`` null).
-
-Known limits: a world size is never stated, so ranks missing from a ``[ready ranks: ..]`` list are not named here;
-a rank list cut at the end of a line loses its last (possibly cut) number; a tensor name that holds no op word
-gives ``name`` null; the shutdown message wrapped inside the word ``shut`` is not found.
-"""
+"""horovod: Horovod's stall-inspector warnings and shutdown errors read into statement rows: when ranks submit
+different tensors, the coordinator's "Missing ranks" list is the only explicit "who is missing" a Horovod job
+gives. Stages: :mod:`.signatures` (the wordings) -> :mod:`.scan` -> :mod:`.rows`."""
 from __future__ import annotations
 
 from ranktrace.analyzers.readers.base import ColumnMap, ReaderError, ReadResult, Skipped
@@ -57,7 +33,28 @@ OBSERVATION_KINDS: dict[str, str] = {
 
 
 def read_doc(doc: TextDoc) -> ReadResult:
-    """The Horovod statements in `doc`. ReaderError when it holds neither a stall warning nor a Horovod error."""
+    """The Horovod statements in `doc`. ReaderError when it holds neither a stall warning nor a Horovod error.
+
+    Rows (``source="horovod"``, ``file``, ``line`` = the line that names the rank):
+
+    * ``missing_rank`` — one per (rank, op) stated missing (``Missing ranks:`` / ``Stalled ranks:`` lists,
+      ``[missing ranks: ..]``); ``rank`` = the missing rank, ``name`` = the op from the tensor name
+      (``HorovodAllreduce_*`` / ``allreduce.*`` → ``all_reduce``, Broadcast → ``broadcast``, Allgather →
+      ``all_gather``, Alltoall → ``all_to_all``; null when the name says none), ``detail`` = ``by=horovod
+      tensor=<first tensor> (+N more tensors) [shutdown=yes]``.
+    * ``joined_rank`` — one per (rank, op) listed in ``[ready ranks: ..]``: the ranks that did submit.
+    * ``exception`` — ``name`` = the error type printed in front of ``Horovod has been shut down`` (``AbortedError``,
+      ``Aborted``, ``UnknownError``, ``Unknown``; ``HorovodShutdown`` when none), one per (rank, type) with the
+      repeat count; ``HorovodStallShutdown`` for ``... is stalled for longer than N seconds. Will shutdown.``;
+      ``HorovodInternalError``. ``rank`` = the rank that printed it (mpirun prefix, file name), else null.
+
+    A warning with no rank list (the header alone) gives no row: it says some op waited 60 s, not who is missing
+    (often a slow step that then completes). ``seq`` is never known (``value`` null).
+
+    Known limits: a world size is never stated, so ranks missing from a ``[ready ranks: ..]`` list are not named here;
+    a rank list cut at the end of a line loses its last (possibly cut) number; a tensor name that holds no op word
+    gives ``name`` null; the shutdown message wrapped inside the word ``shut`` is not found.
+    """
     found = scan.scan(doc)
     if not found.statements and not found.warnings:
         raise ReaderError(doc.path, "no Horovod stall warning, rank list or shutdown error")

@@ -1,15 +1,5 @@
 """Walk a text input's lines and collect Horovod's statements: who is missing from / ready for which tensor, and
-the shutdown errors. One pass, one line at a time; a line that matches nothing is not Horovod's (the warning is
-usually inside a training log).
-
-Which lines count:
-
-* per-op lines (``<tensor> [ready ranks: ..]``) anywhere: their wording is Horovod's alone;
-* ``<rank>: [<tensor>, ...`` lines only inside a block opened by ``Missing ranks:`` / ``Stalled ranks:`` (a bare
-  ``1: [`` elsewhere is someone else's text); the block ends at the first line that is neither a rank line nor the
-  wrapped rest of one (a rank line whose ``[`` list was not closed);
-* the shutdown / stall-shutdown / HorovodInternalError lines anywhere.
-"""
+the shutdown errors. One pass, one line at a time; a line that matches nothing is not Horovod's."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -42,6 +32,15 @@ class Scan:
 
 
 def scan(doc: TextDoc) -> Scan:
+    """
+    Which lines count:
+
+    * per-op lines (``<tensor> [ready ranks: ..]``) anywhere: their wording is Horovod's alone;
+    * ``<rank>: [<tensor>, ...`` lines only inside a block opened by ``Missing ranks:`` / ``Stalled ranks:`` (a bare
+      ``1: [`` elsewhere is someone else's text); the block ends at the first line that is neither a rank line nor the
+      wrapped rest of one (a rank line whose ``[`` list was not closed);
+    * the shutdown / stall-shutdown / HorovodInternalError lines anywhere.
+    """
     out = Scan()
     in_block = False          # inside a "Missing ranks:" list
     open_list = False         # the last rank line's "[" list is not closed yet (wrapped)

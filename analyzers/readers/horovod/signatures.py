@@ -1,29 +1,29 @@
-"""The lines of Horovod's stall inspector and shutdown errors, as the Horovod releases print them.
-
-Wordings (``horovod/common/operations.cc`` before 0.17, ``stall_inspector.cc`` after):
-
-* the warning: ``One or more tensors were submitted to be reduced, gathered or broadcasted by subset of ranks and
-  are waiting for remainder of ranks for more than 60 seconds. This may indicate ...`` (prefixed by ``WARNING: ``
-  or a glog ``[<time>: W .../stall_inspector.cc:105] ``);
-* before 0.17, per op: ``Stalled ops:`` then ``<tensor> [ready ranks: 0, 7, 3]`` (or ``[missing ranks: 1]``, in
-  forks ``[stalled global rank: ...]``), on one line after the warning, one per line, or one per glog line;
-* from 0.17: ``Stalled ranks:`` (0.17 – 0.20) / ``Missing ranks:`` (0.21+) then one line per rank
-  ``<rank>[!]: [<tensor>, <tensor> ...]`` (``!``: that rank passed the shutdown time), and with
-  ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` ``One or more rank (marked by "!") is stalled for longer than N seconds.
-  Will shutdown.``;
-* ``Horovod has been shut down. This was caused by an exception on one of the ranks ...`` (the op error every rank
-  raises once one rank failed), with the framework's error type in front (``AbortedError (see above for
-  traceback): ``, ``Unknown: ``, ``tensorflow.python.framework.errors_impl.UnknownError: ``);
-* ``horovod.common.exceptions.HorovodInternalError: <message>`` (elastic Horovod).
-
-All patterns are anchored or literal-led and bounded (linear in the line).
-"""
+"""The lines of Horovod's stall inspector and shutdown errors, as its releases print them (the wordings are listed
+above the patterns)."""
 from __future__ import annotations
 
 import re
 
 __all__ = ["CATALOGUE", "WARNING", "RANK_HEADER", "RANK_LINE", "PER_OP", "SHUTDOWN", "STALL_SHUTDOWN",
            "SHUTDOWN_TYPE", "INTERNAL_ERROR", "op_of_tensor", "tensor_before"]
+
+# Wordings (``horovod/common/operations.cc`` before 0.17, ``stall_inspector.cc`` after):
+#
+# * the warning: ``One or more tensors were submitted to be reduced, gathered or broadcasted by subset of ranks and
+#   are waiting for remainder of ranks for more than 60 seconds. This may indicate ...`` (prefixed by ``WARNING: ``
+#   or a glog ``[<time>: W .../stall_inspector.cc:105] ``);
+# * before 0.17, per op: ``Stalled ops:`` then ``<tensor> [ready ranks: 0, 7, 3]`` (or ``[missing ranks: 1]``, in
+#   forks ``[stalled global rank: ...]``), on one line after the warning, one per line, or one per glog line;
+# * from 0.17: ``Stalled ranks:`` (0.17 – 0.20) / ``Missing ranks:`` (0.21+) then one line per rank
+#   ``<rank>[!]: [<tensor>, <tensor> ...]`` (``!``: that rank passed the shutdown time), and with
+#   ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` ``One or more rank (marked by "!") is stalled for longer than N seconds.
+#   Will shutdown.``;
+# * ``Horovod has been shut down. This was caused by an exception on one of the ranks ...`` (the op error every rank
+#   raises once one rank failed), with the framework's error type in front (``AbortedError (see above for
+#   traceback): ``, ``Unknown: ``, ``tensorflow.python.framework.errors_impl.UnknownError: ``);
+# * ``horovod.common.exceptions.HorovodInternalError: <message>`` (elastic Horovod).
+#
+# All patterns are anchored or literal-led and bounded (linear in the line).
 
 #: line signatures for readers/catalogue.py (matched on each line's message, prefixes peeled)
 CATALOGUE: tuple[str, ...] = (

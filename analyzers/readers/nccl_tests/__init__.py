@@ -1,36 +1,6 @@
-"""Read nccl-tests output (``all_reduce_perf``, ``all_gather_perf``, ... as pasted) into rows that say how far the
-test got.
-
-Why: nccl-tests is what people run to check NCCL between GPUs, and a hung or failing test is posted as its console
-output: a header, the device list, a result table that stops somewhere, or the summary of a run that finished.
-The wording of every line and what their order means is in ``signatures``.
-
-Rows (``source="nccl_tests"``, ``file``, ``line``):
-
-* OBSERVATIONS ``completion`` ``nccl_tests_ok`` — ``# Out of bounds values : 0 OK`` (the run finished its table;
-  ``detail`` adds the average bus bandwidth).
-* OBSERVATIONS ``progress`` ``nccl_tests_size`` — when no summary is there: ``value`` = the size (bytes) of the last
-  complete row, ``detail`` = that row.
-* OBSERVATIONS ``exception`` ``NcclTestsWrongData`` — a row with ``#wrong`` > 0, or ``Out of bounds values : N
-  FAILED``: the data NCCL delivered was wrong (``detail`` says where); ``NcclTestsNcclFailure`` /
-  ``NcclTestsCudaFailure`` — the test's own ``Test NCCL failure common.cu:958 '<error>'`` line (the test exits).
-* EVENTS ``kind="enter"`` — the op that was running where the output stops: after the table header with no row
-  (the warm-up at ``maxBytes`` never finished: ``nbytes`` = maxBytes), or after a row's size columns / its
-  out-of-place part (``nbytes`` = that size). One per rank of the device list (``rank``, ``pid``, ``host``; one
-  row with ``rank`` null when the list is not pasted), ``name`` = the op of the binary when the command line or
-  the ``Collective test starting`` banner is posted (``all_reduce_perf`` → ``all_reduce``, ``sendrecv_perf`` →
-  ``send`` ...), else inferred from the columns (``redop`` sum + ``root`` -1 → ``all_reduce``); ``detail`` says
-  which and why, and what stopped.
-
-Not written: rows that stop inside a field (``  131072``, ``2147483648     53``) — that is a paste cut, not where
-the test stopped (a ``Skipped`` note says so); complete rows with nothing after them give ``progress`` only (the
-next size may be running, or the paste ends there); output that stops before the table header is communicator
-init, which the NCCL lines around it describe (nccl_log family).
-
-``world_size`` = the number of ranks in the device list. ``version`` = nccl-tests' own version (2.14+ banner).
-Known limits: several runs in one paste are told apart by their banners / parameter lines only; rccl-tests output
-is read the same way (same table).
-"""
+"""nccl_tests: nccl-tests output (``all_reduce_perf`` & co., as pasted) read into rows that say how far the test
+got: a finished summary, the last complete row, wrong data, or the op running where the output stops.
+Stages: :mod:`.signatures` (the lines, what their order means) -> :mod:`.scan` (runs) -> :mod:`.rows`."""
 from __future__ import annotations
 
 from ranktrace.analyzers.readers.base import ColumnMap, ReaderError, ReadResult
@@ -65,7 +35,34 @@ OBSERVATION_KINDS: dict[str, str] = {
 
 
 def read_doc(doc: TextDoc) -> ReadResult:
-    """The nccl-tests runs in `doc`. ReaderError when it holds no nccl-tests header, table or summary."""
+    """The nccl-tests runs in `doc`. ReaderError when it holds no nccl-tests header, table or summary.
+
+    Rows (``source="nccl_tests"``, ``file``, ``line``):
+
+    * OBSERVATIONS ``completion`` ``nccl_tests_ok`` — ``# Out of bounds values : 0 OK`` (the run finished its table;
+      ``detail`` adds the average bus bandwidth).
+    * OBSERVATIONS ``progress`` ``nccl_tests_size`` — when no summary is there: ``value`` = the size (bytes) of the last
+      complete row, ``detail`` = that row.
+    * OBSERVATIONS ``exception`` ``NcclTestsWrongData`` — a row with ``#wrong`` > 0, or ``Out of bounds values : N
+      FAILED``: the data NCCL delivered was wrong (``detail`` says where); ``NcclTestsNcclFailure`` /
+      ``NcclTestsCudaFailure`` — the test's own ``Test NCCL failure common.cu:958 '<error>'`` line (the test exits).
+    * EVENTS ``kind="enter"`` — the op that was running where the output stops: after the table header with no row
+      (the warm-up at ``maxBytes`` never finished: ``nbytes`` = maxBytes), or after a row's size columns / its
+      out-of-place part (``nbytes`` = that size). One per rank of the device list (``rank``, ``pid``, ``host``; one
+      row with ``rank`` null when the list is not pasted), ``name`` = the op of the binary when the command line or
+      the ``Collective test starting`` banner is posted (``all_reduce_perf`` → ``all_reduce``, ``sendrecv_perf`` →
+      ``send`` ...), else inferred from the columns (``redop`` sum + ``root`` -1 → ``all_reduce``); ``detail`` says
+      which and why, and what stopped.
+
+    Not written: rows that stop inside a field (``  131072``, ``2147483648     53``) — that is a paste cut, not where
+    the test stopped (a ``Skipped`` note says so); complete rows with nothing after them give ``progress`` only (the
+    next size may be running, or the paste ends there); output that stops before the table header is communicator
+    init, which the NCCL lines around it describe (nccl_log family).
+
+    ``world_size`` = the number of ranks in the device list. ``version`` = nccl-tests' own version (2.14+ banner).
+    Known limits: several runs in one paste are told apart by their banners / parameter lines only; rccl-tests output
+    is read the same way (same table).
+    """
     runs, skipped = scan.scan(doc)
     runs = [r for r in runs if r.started or r.ranks or r.max_bytes is not None]
     if not runs:

@@ -1,5 +1,5 @@
 """Runs → rows: ``completion`` / ``progress`` / data-error ``exception`` OBSERVATIONS and the EVENTS ``enter`` rows
-of the op that was running where the output stops (see the package docstring for when)."""
+of the op that was running where the output stops (``nccl_tests.read_doc`` says when)."""
 from __future__ import annotations
 
 from typing import Any

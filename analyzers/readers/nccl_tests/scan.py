@@ -1,12 +1,5 @@
 """Walk a text input's lines into nccl-tests runs: the command, the parameters, the device list, the table rows and
-the summary. One pass; lines that are not nccl-tests' (NCCL INFO lines, shell prompts) are passed over.
-
-A row is read by its whitespace-separated fields after mpirun's ``[0]`` tags are removed:
-``size count type redop [root] | time algbw busbw #wrong | time algbw busbw #wrong``. Where the output stops
-inside the last row decides what it means (``Row.stop``): after the size columns (``oop``) or after the out-of-place
-part (``ip``) the op of that size was running; anywhere else the paste was cut inside a field (``cut``), which says
-nothing about the run.
-"""
+the summary. One pass; lines that are not nccl-tests' (NCCL INFO lines, shell prompts) are passed over."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -59,6 +52,13 @@ class Run:
 
 
 def scan(doc: TextDoc) -> tuple[list[Run], list[Skipped]]:
+    """
+    A row is read by its whitespace-separated fields after mpirun's ``[0]`` tags are removed:
+    ``size count type redop [root] | time algbw busbw #wrong | time algbw busbw #wrong``. Where the output stops
+    inside the last row decides what it means (``Row.stop``): after the size columns (``oop``) or after the out-of-place
+    part (``ip``) the op of that size was running; anywhere else the paste was cut inside a field (``cut``), which says
+    nothing about the run.
+    """
     runs: list[Run] = []
     skipped: list[Skipped] = []
     run: Run | None = None

@@ -1,36 +1,36 @@
-"""The lines nccl-tests (``all_reduce_perf`` & co., ``src/common.cu``) prints, in the spellings of its releases.
-
-::
-
-    $ ./build/all_reduce_perf -b 8 -e 128M -f 2 -g 2                        (the command, when pasted)
-    # nccl-tests version 2.20.0 (b4d5bee) nccl-headers=23102 nccl-library=23102       (2.14+)
-    # Collective test starting: all_reduce_perf                                       (2.14+)
-    # nThread 1 nGpus 2 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 5 iters: 20 ...
-    # Using devices
-    #  Rank  0 Group  0 Pid 1666603 on spark-d708 device  0 [000f:01:00] NVIDIA GB10   (2.11+: Group)
-    #   Rank  1 Pid   4479 on 4090-01-R02 device  1 [0xa1] NVIDIA GeForce RTX 4090     (2.0 – 2.10)
-       Rank  1 uses device  1 [0x08] Tesla M40 24GB                                    (1.x)
-    #       size         count      type   redop    root     time   algbw   busbw  #wrong     time ...
-    #      bytes             N    type      op     time  algbw  busbw      res     time ...          (1.x)
-            8192          2048     float     sum      -1    35.15    0.23    0.23       0    30.33 ...
-    # Out of bounds values : 0 OK
-    # Avg bus bandwidth    : 0.41
-    node1: Test NCCL failure common.cu:958 'internal error - please report this issue to the NCCL developers / '
-
-What the order means (``common.cu``): the device list, then communicator init (NCCL INFO lines when
-``NCCL_DEBUG`` is set), then the table header (2.x prints it after init), then a warm-up of ``warmup iters`` ops at
-``maxBytes`` and at ``minBytes`` before the first row, then per size the five size columns, the out-of-place and
-the in-place timing. So a table header with no row means the warm-up never finished, and a row that stops right
-after its size columns (or after the out-of-place part) was the op running when the output stopped.
-
-All patterns are anchored and bounded (linear in the line).
-"""
+"""The lines nccl-tests (``all_reduce_perf`` & co., ``src/common.cu``) prints, in the spellings of its releases,
+and what their order means (listed above the patterns)."""
 from __future__ import annotations
 
 import re
 
 __all__ = ["CATALOGUE", "COMMAND", "STARTING", "VERSION", "PARAMS", "USING", "RANK", "TABLE_HEADER", "ROW_START",
            "OOB", "AVG_BW", "TEST_FAILURE", "MPI_TAG", "BINARY_OPS", "op_of_binary", "op_of_columns"]
+
+# ::
+#
+#     $ ./build/all_reduce_perf -b 8 -e 128M -f 2 -g 2                        (the command, when pasted)
+#     # nccl-tests version 2.20.0 (b4d5bee) nccl-headers=23102 nccl-library=23102       (2.14+)
+#     # Collective test starting: all_reduce_perf                                       (2.14+)
+#     # nThread 1 nGpus 2 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 5 iters: 20 ...
+#     # Using devices
+#     #  Rank  0 Group  0 Pid 1666603 on spark-d708 device  0 [000f:01:00] NVIDIA GB10   (2.11+: Group)
+#     #   Rank  1 Pid   4479 on 4090-01-R02 device  1 [0xa1] NVIDIA GeForce RTX 4090     (2.0 – 2.10)
+#        Rank  1 uses device  1 [0x08] Tesla M40 24GB                                    (1.x)
+#     #       size         count      type   redop    root     time   algbw   busbw  #wrong     time ...
+#     #      bytes             N    type      op     time  algbw  busbw      res     time ...          (1.x)
+#             8192          2048     float     sum      -1    35.15    0.23    0.23       0    30.33 ...
+#     # Out of bounds values : 0 OK
+#     # Avg bus bandwidth    : 0.41
+#     node1: Test NCCL failure common.cu:958 'internal error - please report this issue to the NCCL developers / '
+#
+# What the order means (``common.cu``): the device list, then communicator init (NCCL INFO lines when
+# ``NCCL_DEBUG`` is set), then the table header (2.x prints it after init), then a warm-up of ``warmup iters`` ops at
+# ``maxBytes`` and at ``minBytes`` before the first row, then per size the five size columns, the out-of-place and
+# the in-place timing. So a table header with no row means the warm-up never finished, and a row that stops right
+# after its size columns (or after the out-of-place part) was the op running when the output stopped.
+#
+# All patterns are anchored and bounded (linear in the line).
 
 _TYPES = r"(?:float|half|double|int8|uint8|int32|uint32|int64|uint64|bfloat16|int|char|f8e4m3|f8e5m2|fp8\w{0,6})"
 _REDOPS = r"(?:sum|prod|max|min|avg|none|mulsum|premulsum)"

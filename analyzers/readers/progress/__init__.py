@@ -1,19 +1,6 @@
-"""Read progress bars and step counters into ``progress`` OBSERVATIONS rows: the last visible progress of each
-rank and thing counted.
-
-Why: a rank that is still tokenizing a dataset, loading checkpoint shards or capturing CUDA graphs while its peers
-wait in a collective is busy with something else, not stuck in it; its last bar says with what and how far it
-got (a bar at 9 % with 4 hours left explains a 30-minute NCCL timeout). The lines read are in ``signatures``.
-
-Rows (``source="progress"``, ``file``, ``line`` = the last line of that progress): one per (rank, what):
-``name`` = what is counted (``tokenizer``, ``load``, ``cuda_graph_capture``, ``prompts``, ``dataset_map``, a bar's
-own label in snake case, ``step``, ``epoch``), ``value`` = the last count, ``detail`` = ``done/total`` and the line.
-``rank`` = the launcher prefix (``[rank3]:``, ``[default3]:`` is local and gives null) or the file name; bars with
-no prefix from several ranks fold into one ``rank`` null row holding the furthest of them.
-
-Known limits: interleaved bars of different ranks without prefixes cannot be told apart; a counter without a
-word in front (``120/1000``) is not read; percentages alone (``50%``) are not read.
-"""
+"""progress: progress bars and step counters read into ``progress`` rows, the last visible progress per rank and
+thing counted: a rank still tokenizing or loading shards while its peers wait is busy, not stuck.
+Stages: :mod:`.signatures` -> :mod:`.scan` -> :mod:`.rows`."""
 from __future__ import annotations
 
 from ranktrace.analyzers.readers.base import ColumnMap, ReaderError, ReadResult
@@ -41,7 +28,17 @@ OBSERVATION_KINDS: dict[str, str] = {
 
 
 def read_doc(doc: TextDoc) -> ReadResult:
-    """The last progress of each (rank, what) in `doc`. ReaderError when it holds no progress line."""
+    """The last progress of each (rank, what) in `doc`. ReaderError when it holds no progress line.
+
+    Rows (``source="progress"``, ``file``, ``line`` = the last line of that progress): one per (rank, what):
+    ``name`` = what is counted (``tokenizer``, ``load``, ``cuda_graph_capture``, ``prompts``, ``dataset_map``, a bar's
+    own label in snake case, ``step``, ``epoch``), ``value`` = the last count, ``detail`` = ``done/total`` and the line.
+    ``rank`` = the launcher prefix (``[rank3]:``, ``[default3]:`` is local and gives null) or the file name; bars with
+    no prefix from several ranks fold into one ``rank`` null row holding the furthest of them.
+
+    Known limits: interleaved bars of different ranks without prefixes cannot be told apart; a counter without a
+    word in front (``120/1000``) is not read; percentages alone (``50%``) are not read.
+    """
     found = scan.scan(doc)
     if not found:
         raise ReaderError(doc.path, "no progress bar or step counter")

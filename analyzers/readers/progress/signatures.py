@@ -1,20 +1,21 @@
-"""Progress lines: tqdm bars and step / epoch / iteration counters, as training and serving logs print them.
-
-* tqdm (``datasets``, ``transformers``, vLLM, SGLang): ``<label>: <pct>%|<bar>| <n>/<total> [<elapsed><<left>, ...]``
-  (``Running tokenizer on dataset:   9%|▉  | 280000/2969526 [29:55<4:48:08, 149.80 examples/s]``,
-  ``Loading checkpoint shards:  50%|█████     | 1/2 [00:05<00:05,  5.2s/it]``, ``Capturing batches (bs=64
-  avail_mem=12.1 GB):  40%|████      | 21/52 [...]``), also without the bar (``Train Epoch #80:  29% 366/1252 [...``)
-  and with ``k``/``M`` counts; a terminal keeps only the last ``\\r`` update of a line (the opener does the same);
-* counters: ``step 120/1000``, ``Step: 49``, ``[step 20999]``, ``step 177,`` (RETURNN), ``iteration      100/  500000 |``
-  (Megatron), ``Epoch 3/10``, ``global_step=120`` — never ``step: 2(factor)`` (nccl-tests' header).
-
-Anchored or literal-led and bounded (linear in the line).
-"""
+"""Progress lines: tqdm bars and step / epoch / iteration counters, as training and serving logs print them (the
+spellings are listed above the patterns)."""
 from __future__ import annotations
 
 import re
 
 __all__ = ["CATALOGUE", "TQDM", "COUNTER", "what_of_label", "count_value"]
+
+# * tqdm (``datasets``, ``transformers``, vLLM, SGLang): ``<label>: <pct>%|<bar>| <n>/<total> [<elapsed><<left>, ...]``
+#   (``Running tokenizer on dataset:   9%|▉  | 280000/2969526 [29:55<4:48:08, 149.80 examples/s]``,
+#   ``Loading checkpoint shards:  50%|█████     | 1/2 [00:05<00:05,  5.2s/it]``, ``Capturing batches (bs=64
+#   avail_mem=12.1 GB):  40%|████      | 21/52 [...]``), also without the bar (``Train Epoch #80:  29% 366/1252 [...``)
+#   and with ``k``/``M`` counts; a terminal keeps only the last ``\r`` update of a line (the opener does the same);
+# * counters: ``step 120/1000``, ``Step: 49``, ``[step 20999]``, ``step 177,`` (RETURNN),
+#   ``iteration      100/  500000 |`` (Megatron), ``Epoch 3/10``, ``global_step=120`` — never ``step: 2(factor)``
+#   (nccl-tests' header).
+#
+# Anchored or literal-led and bounded (linear in the line).
 
 CATALOGUE: tuple[str, ...] = (
     r".{0,300}?\d{1,3}%\s{0,2}\|.{0,400}?\|\s{0,4}\d{1,12}(?:\.\d{1,3})?[kKMG]?/\d",

@@ -1,21 +1,6 @@
-"""Read process listings (``ps``, ``top``, ``htop``, ``pstree`` and forest pastes, nvidia-smi's process table)
-into ``process`` OBSERVATIONS rows.
-
-Why: next to a hung job people paste what the machine shows: which ranks still run, which are zombies
-(``<defunct>``: a rank that died and was never reaped while its peers wait), which spin at 100 % CPU, which
-processes still hold GPU memory after the job was killed. The listings and their spellings are in ``signatures``.
-
-Rows (``source="ps_top"``, ``file``, ``line`` = the process's row), one per process (several snapshots of one
-listing: the last): ``kind="process"``, ``pid``, ``name`` = ``defunct`` (state ``Z`` or ``<defunct>``) or the
-state letter (``R``, ``S``, ``D`` ...; null when the listing has no state column), ``value`` = CPU % rounded
-(null when not listed), ``detail`` = ``pid=.. [ppid=..] [gpu=.. type=.. mem=..] by=ps|top|forest|pstree|nvidia-smi
-cmd=<command, redacted>``, ``rank`` = the rank the command or process title names
-(``sglang::scheduler_TP3``, ``--rank 3``; rankinfer.rank_from_name), else null.
-
-Commands pass through ``tracer.redact`` (``--api-key X``, ``HF_TOKEN=..``, token-shaped values) and are cut at
-2000 characters. Known limits: ``ps`` columns with spaces inside (``lstart``) shift the row; a forest's parent is
-taken from the ``\\_`` depth; a truncated nvidia-smi process name is kept as printed.
-"""
+"""ps_top: process listings (``ps``, ``top``, ``htop``, ``pstree``, forests, nvidia-smi's process table) read into
+``process`` rows: which ranks still run, which are zombies, which spin, which still hold GPU memory.
+Stages: :mod:`.signatures` -> :mod:`.scan` (rows -> processes) -> :mod:`.rows`."""
 from __future__ import annotations
 
 from ranktrace.analyzers.readers.base import ColumnMap, ReaderError, ReadResult
@@ -44,7 +29,19 @@ OBSERVATION_KINDS: dict[str, str] = {
 
 
 def read_doc(doc: TextDoc) -> ReadResult:
-    """The processes listed in `doc`. ReaderError when it holds no process row."""
+    r"""The processes listed in `doc`. ReaderError when it holds no process row.
+
+    Rows (``source="ps_top"``, ``file``, ``line`` = the process's row), one per process (several snapshots of one
+    listing: the last): ``kind="process"``, ``pid``, ``name`` = ``defunct`` (state ``Z`` or ``<defunct>``) or the
+    state letter (``R``, ``S``, ``D`` ...; null when the listing has no state column), ``value`` = CPU % rounded
+    (null when not listed), ``detail`` = ``pid=.. [ppid=..] [gpu=.. type=.. mem=..] by=ps|top|forest|pstree|nvidia-smi
+    cmd=<command, redacted>``, ``rank`` = the rank the command or process title names
+    (``sglang::scheduler_TP3``, ``--rank 3``; common.ranks.rank_from_name), else null.
+
+    Commands pass through ``tracer.redact`` (``--api-key X``, ``HF_TOKEN=..``, token-shaped values) and are cut at
+    2000 characters. Known limits: ``ps`` columns with spaces inside (``lstart``) shift the row; a forest's parent is
+    taken from the ``\_`` depth; a truncated nvidia-smi process name is kept as printed.
+    """
     procs, skipped = scan.scan(doc)
     if not procs:
         raise ReaderError(doc.path, "no ps / top / pstree / nvidia-smi process row")

@@ -8,7 +8,7 @@ from typing import Any
 from ranktrace.analyzers import schema
 from ranktrace.analyzers.readers.base import ReadResult, Skipped
 from ranktrace.analyzers.readers.ps_top.scan import Proc
-from ranktrace.analyzers.readers.rankinfer import rank_from_name
+from ranktrace.analyzers.readers.common.ranks import rank_from_name
 from ranktrace.tracer.redact import redact_argv
 
 __all__ = ["result", "redact_command", "state_name"]

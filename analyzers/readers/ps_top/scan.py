@@ -1,9 +1,4 @@
-"""Walk a text input's lines into processes (``Proc``), whichever listing they come from.
-
-Header-driven listings (ps, top, htop) are split by the header's column count: every column but the last is one
-whitespace-free field, the last (the command) is the rest of the line. Listings without a header are taken by the
-shape of their rows (``signatures``). A forest's ``\\_`` depth gives the parent pid when no PPID column does.
-"""
+"""Walk a text input's lines into processes (``Proc``), whichever listing they come from."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -45,6 +40,11 @@ class _State:
 
 
 def scan(doc: TextDoc) -> tuple[list[Proc], list[Skipped]]:
+    r"""
+    Header-driven listings (ps, top, htop) are split by the header's column count: every column but the last is one
+    whitespace-free field, the last (the command) is the rest of the line. Listings without a header are taken by the
+    shape of their rows (``signatures``). A forest's ``\_`` depth gives the parent pid when no PPID column does.
+    """
     st = _State(doc.path)
     forest_doc = sum(1 for ln in doc.lines[:20000] if "\\_ " in ln.text) >= 2
     for ln in doc.lines:

@@ -1,21 +1,4 @@
-"""The process listings people paste next to a hung job, and how their lines look.
-
-* ``ps aux`` / ``ps -ef`` / ``ps -eo <columns>`` / ``ps -ef --forest`` / ``ps axjf``: a header naming the columns
-  (``USER PID %CPU %MEM VSZ RSS TTY STAT START TIME COMMAND``, ``UID PID PPID C STIME TTY TIME CMD``, any ``-o``
-  list), then one row per process; the command is the last column and may hold spaces and ``\\_`` tree marks.
-  ``ps aux`` rows pasted without their header are recognised by their shape.
-* ``top`` / ``htop`` copies: ``PID USER PR NI VIRT RES SHR S %CPU %MEM TIME+ COMMAND`` (htop: ``PRI``, ``CPU%``,
-  ``MEM%``, ``Command``).
-* a forest without a header (``ps -o pid,args --forest`` as pasted): ``   6429  \\_ python3.11``; ``pstree -p``:
-  ``python(1234)─┬─python(1235)`` (ASCII ``-+-`` / ``|-`` too).
-* nvidia-smi's process table: ``|    0   N/A  N/A    12345      C   python   1234MiB |`` (470+, with GI/CI),
-  ``|    0     12345      C   python   1234MiB |`` (older), and the plain ``GPU  PID  Process name  GPU Memory``
-  listing some tools print.
-
-State (``STAT`` / ``S``): R running, S sleeping, D uninterruptible (often a GPU driver call), T stopped,
-Z zombie (``<defunct>``), I idle kernel thread; the letters after the first (``l``, ``+``, ``s``, ``<``) are flags.
-Anchored, bounded patterns (linear in the line).
-"""
+"""The process listings people paste next to a hung job, and how their lines look (listed above the patterns)."""
 from __future__ import annotations
 
 import re
@@ -23,6 +6,22 @@ import re
 __all__ = ["CATALOGUE", "PS_HEADER", "AUX_ROW", "EF_ROW", "TOP_ROW", "FOREST_ROW", "PSTREE_NODE", "SMI_ROW", "SMI_PLAIN_HEADER",
            "SMI_PLAIN_ROW", "TREE_MARKS", "COMMAND_COLUMNS", "PID_COLUMNS", "PPID_COLUMNS", "STATE_COLUMNS",
            "CPU_COLUMNS"]
+
+# * ``ps aux`` / ``ps -ef`` / ``ps -eo <columns>`` / ``ps -ef --forest`` / ``ps axjf``: a header naming the columns
+#   (``USER PID %CPU %MEM VSZ RSS TTY STAT START TIME COMMAND``, ``UID PID PPID C STIME TTY TIME CMD``, any ``-o``
+#   list), then one row per process; the command is the last column and may hold spaces and ``\_`` tree marks.
+#   ``ps aux`` rows pasted without their header are recognised by their shape.
+# * ``top`` / ``htop`` copies: ``PID USER PR NI VIRT RES SHR S %CPU %MEM TIME+ COMMAND`` (htop: ``PRI``, ``CPU%``,
+#   ``MEM%``, ``Command``).
+# * a forest without a header (``ps -o pid,args --forest`` as pasted): ``   6429  \_ python3.11``; ``pstree -p``:
+#   ``python(1234)─┬─python(1235)`` (ASCII ``-+-`` / ``|-`` too).
+# * nvidia-smi's process table: ``|    0   N/A  N/A    12345      C   python   1234MiB |`` (470+, with GI/CI),
+#   ``|    0     12345      C   python   1234MiB |`` (older), and the plain ``GPU  PID  Process name  GPU Memory``
+#   listing some tools print.
+#
+# State (``STAT`` / ``S``): R running, S sleeping, D uninterruptible (often a GPU driver call), T stopped,
+# Z zombie (``<defunct>``), I idle kernel thread; the letters after the first (``l``, ``+``, ``s``, ``<``) are flags.
+# Anchored, bounded patterns (linear in the line).
 
 CATALOGUE: tuple[str, ...] = (
     r"\s{0,8}(?:USER|UID)\s{1,16}PID\s",

@@ -1,9 +1,6 @@
-"""The one way a text input is opened: bytes (plain or gzip) -> lines that every family's parser can read.
-
-Real artifacts are excerpts from terminals and tickets: NUL holes left by a node crash, mixed encodings, ANSI
-colours, lines wrapped at the terminal width, one base64 line of megabytes. Everything readable is kept; what had
-to be dropped or changed becomes a note (``Skipped``) naming the file and line, never an error.
-"""
+"""The one way a text input is opened: bytes (plain or gzip) -> lines every family's parser can read. Everything
+readable is kept; what had to be dropped or changed (NUL holes, mixed encodings, ANSI colours, wrapped or giant
+lines) becomes a note naming the file and line, never an error."""
 from __future__ import annotations
 
 import os
@@ -16,7 +13,7 @@ from typing import Callable
 from pathlib import Path
 
 from ranktrace.analyzers.readers.base import ReaderError, Skipped
-from ranktrace.analyzers.readers.rankinfer import rank_from_name
+from ranktrace.analyzers.readers.common.ranks import rank_from_name
 from ranktrace.analyzers.readers.text.prefixes import SRUN_PREFIX, LinePrefix, split_prefixes, strip_ansi
 
 __all__ = ["Line", "TextDoc", "open_text", "text_of_bytes", "canonical_prefix", "MAX_TEXT_BYTES", "MAX_LINE_CHARS"]

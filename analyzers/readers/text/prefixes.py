@@ -1,11 +1,5 @@
-"""Who wrote a log line: the launcher / logger prefixes in front of it, peeled off into one ``LinePrefix``.
-
-Real files are pasted from terminals, Slurm outputs, Ray dashboards and tickets; every layer adds its own prefix
-(``> `` quote, ``[80746]`` line numbers, ``3: `` srun -l, ``[rank3]:`` torchrun, ``[1,3]<stdout>:`` mpirun,
-``(VllmWorker rank=2 pid=51)`` vLLM, ``(RayWorkerWrapper pid=4009, ip=10.0.0.1)`` Ray, ``host [stderr] ``,
-``service_1  | `` docker compose, ``E   `` pytest). Each family's parser then reads the same message text, and the
-rank comes from the innermost prefix that names one. All patterns are anchored and bounded: linear in the line.
-"""
+"""Who wrote a log line: the launcher / logger prefixes in front of it peeled off into one ``LinePrefix``, so every
+family reads the same message text and the rank comes from the innermost prefix that names one."""
 from __future__ import annotations
 
 import re
@@ -61,6 +55,12 @@ def split_prefixes(line: str, srun: bool = False) -> tuple[LinePrefix, str]:
     (2, 51, 'INFO hi')
     >>> split_prefixes("0: [rank5]:[W305 socket.cpp:462] x", srun=True)[0].rank
     5
+
+    Real files are pasted from terminals, Slurm outputs, Ray dashboards and tickets; every layer adds its own prefix
+    (``> `` quote, ``[80746]`` line numbers, ``3: `` srun -l, ``[rank3]:`` torchrun, ``[1,3]<stdout>:`` mpirun,
+    ``(VllmWorker rank=2 pid=51)`` vLLM, ``(RayWorkerWrapper pid=4009, ip=10.0.0.1)`` Ray, ``host [stderr] ``,
+    ``service_1  | `` docker compose, ``E   `` pytest). Each family's parser then reads the same message text, and the
+    rank comes from the innermost prefix that names one. All patterns are anchored and bounded: linear in the line.
     """
     rank = local = pid = tp = srun_rank = None
     host = tag = None

@@ -1,26 +1,7 @@
-"""torch_c10d: the error and status messages of torch's c10d layer, wherever a log or a ticket holds them.
-
-Why: when a job hangs or dies in set-up or in a collective, torch itself often says who is missing or broken, in
-words that are not the NCCL watchdog's timeout line: TORCH_DISTRIBUTED_DEBUG=DETAIL's mismatch report, Gloo's
-monitoredBarrier ("Rank 2 failed to pass monitoredBarrier"), the TCPStore / socket / store-based-barrier / ncclUniqueId
-set-up failures, Gloo transport timeouts, NCCL errors raised into Python, the NCCL watchdog's heartbeat monitor
-and the TORCH_NCCL_DESYNC_DEBUG report. This family turns each statement into the rows of docs/EVIDENCE.md.
-
-Stages: :mod:`.signatures` (message patterns and the catalogue signature) -> :mod:`.scan` (lines -> typed records)
--> :mod:`.rows` (records -> table rows). Shared speaker / leader handling: ``readers/torch_common.py``.
-
-Known limits:
-
-* Ranks a message names (monitoredBarrier, fingerprints, desync, ``[1] is setting up NCCL communicator``) are ranks
-  in the process group that printed them; for the default group they are global. A launcher prefix, when present,
-  gives the speaker's global rank.
-* The desync report's ``#N`` counts the group's collectives from 1; it is not the watchdog's SeqNum, so desync
-  statements are OBSERVATIONS only.
-* socket.cpp warnings that only report a retry are kept as ``init_failure`` rows whose detail starts with
-  "retrying": a successful run prints them too.
-* ``Waiting in store based barrier`` lines followed by ``Completed store-based barrier`` for the same key and rank
-  leave no row; the last wait of a barrier that never completed does.
-"""
+"""torch_c10d: the error and status messages of torch's c10d layer (DETAIL mismatch reports, monitoredBarrier,
+store / socket / NCCL set-up failures, Gloo timeouts, the heartbeat monitor, the desync report) as the rows of
+docs/EVIDENCE.md: torch often says itself who is missing or broken. Stages: :mod:`.signatures` -> :mod:`.scan`
+(lines -> records) -> :mod:`.rows`."""
 from __future__ import annotations
 
 from ranktrace.analyzers import schema
@@ -99,7 +80,20 @@ OBSERVATION_KINDS: dict[str, str] = {
 
 
 def read_doc(doc: TextDoc) -> ReadResult:
-    """The c10d statements of a text input. ReaderError when it holds none (its signature was a coincidence)."""
+    """The c10d statements of a text input. ReaderError when it holds none (its signature was a coincidence).
+
+    Known limits:
+
+    * Ranks a message names (monitoredBarrier, fingerprints, desync, ``[1] is setting up NCCL communicator``) are ranks
+      in the process group that printed them; for the default group they are global. A launcher prefix, when present,
+      gives the speaker's global rank.
+    * The desync report's ``#N`` counts the group's collectives from 1; it is not the watchdog's SeqNum, so desync
+      statements are OBSERVATIONS only.
+    * socket.cpp warnings that only report a retry are kept as ``init_failure`` rows whose detail starts with
+      "retrying": a successful run prints them too.
+    * ``Waiting in store based barrier`` lines followed by ``Completed store-based barrier`` for the same key and rank
+      leave no row; the last wait of a barrier that never completed does.
+    """
     found = scan(doc)
     events, obs = build(found.records, doc.path, FORMAT)
     if not events and not obs:

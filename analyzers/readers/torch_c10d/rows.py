@@ -1,17 +1,4 @@
-"""Records -> the rows of docs/EVIDENCE.md: what each c10d statement says, in the common tables.
-
-Worked example (pytorch-152623, a desync report written by rank 0's watchdog)::
-
-    [rank0]:[E515 ...] [Rank 0] Watchdog caught ... WorkNCCL(SeqNum=241, OpType=ALLREDUCE, ...)   (watchdog family)
-             - [0] Timeout at collective: ALLREDUCE, #315        -> joined_rank  r0 all_reduce 315  by=0
-                 [7] finished collective #182, but didn't join collective #183 (count from 1)
-                                                                 -> missing_rank r7 (op not shown) 183 by=0
-               #315 started ranks:
-                 [0, 1, 2] started ALLREDUCE                     -> joined_rank  r0, r1, r2 all_reduce 315 by=0
-
-The desync numbers (#) count the collectives of the group from 1, as the report says; they are not the watchdog's
-SeqNum, so no EVENTS row is written for them.
-"""
+"""Records -> the rows of docs/EVIDENCE.md: what each c10d statement says, in the common tables."""
 from __future__ import annotations
 
 from typing import Any
@@ -20,7 +7,7 @@ from ranktrace.analyzers.opnames import canonical_op
 from ranktrace.analyzers.readers.torch_c10d.scan import (BareTimeout, BarrierVerdict, Collective, Desync, Fingerprint,
                                                          InitFailure, StoreBarrier, Terminated, TransportError,
                                                          WatchdogStuck)
-from ranktrace.analyzers.readers.torch_common import Speaker, clip
+from ranktrace.analyzers.readers.common.torch_text import Speaker, clip
 from ranktrace.analyzers.readers.watchdog import OPTYPE_NAMES
 
 __all__ = ["build", "op_name"]
@@ -35,7 +22,20 @@ def op_name(optype: str | None) -> str | None:
 
 
 def build(records: list[object], file: str, source: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(EVENTS rows, OBSERVATIONS rows) of the records of one input."""
+    """(EVENTS rows, OBSERVATIONS rows) of the records of one input.
+
+    Worked example (pytorch-152623, a desync report written by rank 0's watchdog)::
+
+        [rank0]:[E515 ...] [Rank 0] Watchdog caught ... WorkNCCL(SeqNum=241, OpType=ALLREDUCE, ...)   (watchdog family)
+                 - [0] Timeout at collective: ALLREDUCE, #315        -> joined_rank  r0 all_reduce 315  by=0
+                     [7] finished collective #182, but didn't join collective #183 (count from 1)
+                                                                     -> missing_rank r7 (op not shown) 183 by=0
+                   #315 started ranks:
+                     [0, 1, 2] started ALLREDUCE                     -> joined_rank  r0, r1, r2 all_reduce 315 by=0
+
+    The desync numbers (#) count the collectives of the group from 1, as the report says; they are not the watchdog's
+    SeqNum, so no EVENTS row is written for them.
+    """
     b = _Builder(file, source)
     desync_ops = {(r.seq, r.state): r.optype for r in records if isinstance(r, Desync) and r.optype}
     waits: dict[tuple[int, str], StoreBarrier] = {}

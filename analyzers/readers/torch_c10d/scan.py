@@ -1,10 +1,4 @@
-"""Lines -> typed records: each c10d message a line holds, with who said it.
-
-One pass over the document. A line is looked at only when the one KEY search finds a message in it, or when it
-continues a statement the previous lines opened (a desync snapshot, ``Last error:`` after an NCCL error, ``what():``
-after ``terminate called``, the monitoredBarrier error after ProcessGroupWrapper's collective). Torn or unknown lines
-become ``Skipped`` notes, never errors.
-"""
+"""Lines -> typed records: each c10d message a line holds, with who said it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -12,7 +6,7 @@ from dataclasses import dataclass, field, replace
 from ranktrace.analyzers.readers.base import Skipped
 from ranktrace.analyzers.readers.text import Line, TextDoc
 from ranktrace.analyzers.readers.torch_c10d.signatures import EXC_PREFIX, KEY, P, ranks_of
-from ranktrace.analyzers.readers.torch_common import Speaker, speaker
+from ranktrace.analyzers.readers.common.torch_text import Speaker, speaker
 
 __all__ = ["Fingerprint", "Collective", "BarrierVerdict", "InitFailure", "StoreBarrier", "TransportError",
            "WatchdogStuck", "Desync", "Terminated", "BareTimeout", "Scan", "scan"]
@@ -151,6 +145,12 @@ class Scan:
 
 
 def scan(doc: TextDoc) -> Scan:
+    """
+    One pass over the document. A line is looked at only when the one KEY search finds a message in it, or when it
+    continues a statement the previous lines opened (a desync snapshot, ``Last error:`` after an NCCL error, ``what():``
+    after ``terminate called``, the monitoredBarrier error after ProcessGroupWrapper's collective). Torn or unknown
+    lines become ``Skipped`` notes, never errors.
+    """
     return _Scanner(doc).run()
 
 

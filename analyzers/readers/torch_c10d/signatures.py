@@ -1,17 +1,16 @@
 """The message texts of torch's c10d layer (ProcessGroupWrapper, ProcessGroupGloo, TCPStore, socket.cpp,
 ProcessGroupNCCL, NCCLUtils, gloo's tcp transport, distributed_c10d.py), as compiled patterns, and the catalogue
-signature that marks a line holding one of them.
-
-Each pattern quotes the source spelling it reads (torch 1.8 – 2.13; ``(≤1.12)`` marks an older form). Patterns are
-``search``-ed inside a message the scanner already cut to its text (launcher prefix, timestamps, glog and PG leaders
-removed), so an exception type or a logger name in front does not matter. Every pattern is linear: literal-led,
-bounded repetitions, no nested quantifiers.
-"""
+signature that marks a line holding one of them."""
 from __future__ import annotations
 
 import re
 
 __all__ = ["SIGNATURE", "KEY", "P", "EXC_PREFIX", "ranks_of"]
+
+# Each pattern quotes the source spelling it reads (torch 1.8 – 2.13; ``(≤1.12)`` marks an older form). Patterns are
+# ``search``-ed inside a message the scanner already cut to its text (launcher prefix, timestamps, glog and PG leaders
+# removed), so an exception type or a logger name in front does not matter. Every pattern is linear: literal-led,
+# bounded repetitions, no nested quantifiers.
 
 # --- the catalogue signature --------------------------------------------------------------------------------------
 # A message starts the line, or follows up to four leaders that each end in ':' or ']' (a glog leader

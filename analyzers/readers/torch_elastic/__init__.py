@@ -1,25 +1,6 @@
-"""torch_elastic: what torch's launchers say about their workers — torchrun / torchelastic's agent,
-torch.multiprocessing.spawn, and the Lightning / DeepSpeed launchers — wherever a log or a ticket holds it.
-
-Why: when a multi-GPU job dies or is killed, the launcher is often the only one that says which worker ended first
-and how (``failed (exitcode: -9) local_rank: 3``, ChildFailedError's "Root Cause (first observed failure)" table,
-"process 1 terminated with signal SIGKILL"), which workers it then stopped itself ("Sending process 123 closing
-signal SIGTERM"), whether the rendezvous ever completed (RendezvousTimeoutError), and whether the group finished
-("worker group successfully finished").
-
-Stages: :mod:`.signatures` -> :mod:`.scan` (lines -> Exit / Finished / RendezvousFailure / RankMap records) ->
-:mod:`.rows` (rank_exit, completion, init_failure, transport_error rows).
-
-Known limits:
-
-* The agent names local ranks; a global rank comes from ChildFailedError's table ("rank : 3 (local_rank: 3)"), a
-  spawn process index, Lightning's "[rank: 2]", or the agent's "Rendezvous complete for workers" result in the same
-  input. Otherwise ``rank`` is null and ``detail`` has ``local_rank=``.
-* Workers the launcher stopped after another failed are ``rank_exit`` rows too, marked ``terminated_by=agent`` /
-  ``terminated_by=spawn`` in ``detail``: they ended, but as a consequence.
-* The error file's JSON (``error_handler``) is read only for its ``"message"`` line; its ``py_callstack`` string is
-  not unescaped into a traceback.
-"""
+"""torch_elastic: what torch's launchers (torchrun's agent, torch.multiprocessing.spawn, Lightning, DeepSpeed) say
+about their workers: which ended first and how, which they stopped, whether rendezvous completed, whether the
+group finished. Stages: :mod:`.signatures` -> :mod:`.scan` (lines -> records) -> :mod:`.rows`."""
 from __future__ import annotations
 
 from ranktrace.analyzers import schema
@@ -71,7 +52,18 @@ OBSERVATION_KINDS: dict[str, str] = {
 
 
 def read_doc(doc: TextDoc) -> ReadResult:
-    """The launcher statements of a text input. ReaderError when it holds none."""
+    """The launcher statements of a text input. ReaderError when it holds none.
+
+    Known limits:
+
+    * The agent names local ranks; a global rank comes from ChildFailedError's table ("rank : 3 (local_rank: 3)"), a
+      spawn process index, Lightning's "[rank: 2]", or the agent's "Rendezvous complete for workers" result in the same
+      input. Otherwise ``rank`` is null and ``detail`` has ``local_rank=``.
+    * Workers the launcher stopped after another failed are ``rank_exit`` rows too, marked ``terminated_by=agent`` /
+      ``terminated_by=spawn`` in ``detail``: they ended, but as a consequence.
+    * The error file's JSON (``error_handler``) is read only for its ``"message"`` line; its ``py_callstack`` string is
+      not unescaped into a traceback.
+    """
     found = scan(doc)
     obs = build(found.records, doc.path, FORMAT, found.rdzv_timeout_s)
     if not obs:

@@ -1,20 +1,10 @@
 """Records -> rows: ``rank_exit`` per worker that ended, ``completion`` when the agent says the group finished,
-``init_failure`` (rendezvous) and ``transport_error`` (an agent that lost the rendezvous store).
-
-One worker is often reported several times (``failed (exitcode: -9) local_rank: 0 (pid: 484375)`` by the agent,
-then the same pid in ChildFailedError's table with its global rank): rows are merged per pid, keeping the global
-rank and the line that states most. A local rank becomes a global rank only through the agent's own "Rendezvous
-complete for workers" result in the same input (one such result; several agents' results do not say which node a
-line came from).
-
-Exit codes: negative = killed by that signal (``-9`` -> ``signal`` 9; ``-11`` -> ``segfault`` 11); a spawn
-"terminated with signal SIGKILL" the same; a positive code -> ``exit`` with that code.
-"""
+``init_failure`` (rendezvous) and ``transport_error`` (an agent that lost the rendezvous store)."""
 from __future__ import annotations
 
 from typing import Any
 
-from ranktrace.analyzers.readers.torch_common import SIGNALS, clip, exit_kind
+from ranktrace.analyzers.readers.common.torch_text import SIGNALS, clip, exit_kind
 from ranktrace.analyzers.readers.torch_elastic.scan import Exit, Finished, RankMap, RendezvousFailure
 
 __all__ = ["build"]
@@ -24,6 +14,16 @@ _CONSEQUENCE = {"closing": "terminated_by=agent (torchelastic stops the other wo
 
 
 def build(records: list[object], file: str, source: str, rdzv_timeout_s: int | None) -> list[dict[str, Any]]:
+    """
+    One worker is often reported several times (``failed (exitcode: -9) local_rank: 0 (pid: 484375)`` by the agent,
+    then the same pid in ChildFailedError's table with its global rank): rows are merged per pid, keeping the global
+    rank and the line that states most. A local rank becomes a global rank only through the agent's own "Rendezvous
+    complete for workers" result in the same input (one such result; several agents' results do not say which node a
+    line came from).
+
+    Exit codes: negative = killed by that signal (``-9`` -> ``signal`` 9; ``-11`` -> ``segfault`` 11); a spawn
+    "terminated with signal SIGKILL" the same; a positive code -> ``exit`` with that code.
+    """
     maps = [r for r in records if isinstance(r, RankMap)]
     local_to_global: dict[int, int] = {}
     if len({(m.local_ranks, m.global_ranks) for m in maps}) == 1:

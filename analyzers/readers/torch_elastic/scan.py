@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from ranktrace.analyzers.readers.base import Skipped
 from ranktrace.analyzers.readers.text import Line, TextDoc
-from ranktrace.analyzers.readers.torch_common import Speaker, speaker
+from ranktrace.analyzers.readers.common.torch_text import Speaker, speaker
 from ranktrace.analyzers.readers.torch_elastic.signatures import KEY, P
 
 __all__ = ["Exit", "Finished", "RendezvousFailure", "RankMap", "Scan", "scan"]

@@ -1,21 +1,20 @@
 """What torch's launchers print about their workers: torchelastic (torchrun / torch.distributed.run / launch),
 torch.multiprocessing.spawn, and the launchers that wrap them (Lightning, DeepSpeed), as compiled patterns, and the
-catalogue signature that marks a line holding one of them.
-
-Sources: ``torch/distributed/elastic/multiprocessing/api.py`` ("Sending process %s closing signal %s", "failed
-(exitcode: %s) local_rank: %s (pid: %s) of binary: %s"), ``elastic/multiprocessing/errors/__init__.py``
-(ChildFailedError's "Root Cause (first observed failure):" table), ``elastic/agent/server/api.py`` ("[default]
-worker group successfully finished", "Local worker group finished (SUCCEEDED)", "Rendezvous complete for workers.
-Result:"), ``elastic/rendezvous/*`` (RendezvousTimeoutError, RendezvousClosedError, RendezvousConnectionError, the
-keep-alive warning), ``torch/multiprocessing/spawn.py`` ("process %d terminated with signal %s", "-- Process %d
-terminated with the following error:"), torch 1.8 – 2.13. Every pattern is linear: literal-led, bounded repetitions,
-no nested quantifiers.
-"""
+catalogue signature that marks a line holding one of them."""
 from __future__ import annotations
 
 import re
 
 __all__ = ["SIGNATURE", "KEY", "P"]
+
+# Sources: ``torch/distributed/elastic/multiprocessing/api.py`` ("Sending process %s closing signal %s", "failed
+# (exitcode: %s) local_rank: %s (pid: %s) of binary: %s"), ``elastic/multiprocessing/errors/__init__.py``
+# (ChildFailedError's "Root Cause (first observed failure):" table), ``elastic/agent/server/api.py`` ("[default]
+# worker group successfully finished", "Local worker group finished (SUCCEEDED)", "Rendezvous complete for workers.
+# Result:"), ``elastic/rendezvous/*`` (RendezvousTimeoutError, RendezvousClosedError, RendezvousConnectionError, the
+# keep-alive warning), ``torch/multiprocessing/spawn.py`` ("process %d terminated with signal %s", "-- Process %d
+# terminated with the following error:"), torch 1.8 – 2.13. Every pattern is linear: literal-led, bounded repetitions,
+# no nested quantifiers.
 
 # A message starts the line or follows up to four ':'-ended leaders ("WARNING:torch.distributed.elastic....api:",
 # "E1112 23:34:29.122000 2366719 site-packages/torch/distributed/elastic/multiprocessing/api.py:897]" ends in ']').

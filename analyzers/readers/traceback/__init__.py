@@ -1,27 +1,11 @@
 """traceback: Python tracebacks (and the C++ backtraces torch attaches to its exceptions) wherever a log, a ticket
-or a pytest report holds them.
-
-Why: the traceback a rank printed when it died (or when someone pressed Ctrl-C) says where that rank was: inside
-which torch.distributed op, called from which line of the application, with which error. Torch's own wrappers
-(torchrun's ``[rank3]:`` prefix, torch.multiprocessing's "-- Process 3 terminated with the following error:",
-pytest's ``E`` column) and chained exceptions are read as they are really posted, cut at the top or the bottom.
-
-Stages: :mod:`.signatures` (line patterns, catalogue signature) -> :mod:`.scan` (lines -> Traceback / CppBacktrace
-records, per writer) -> :mod:`.frames` (short file names, app frames, the op a traceback was raised in, set-up
-stages) -> :mod:`.rows` (STACKS, exception / init_failure observations, enter events).
-
-Known limits:
-
-* Two writers without launcher prefixes that print at once interleave into one traceback (their frames mix).
-* Exception groups (``+ Exception Group Traceback``), tracebacks inside JSON strings (torchelastic's error file
-  ``py_callstack``) and rich / IPython-formatted tracebacks are not read.
-* The op comes from the innermost ``distributed_c10d.py`` frame, a known framework wrapper, or — for a traceback
-  cut before its end — the code line of its innermost frame; other wrappers leave ``group`` null.
-"""
+or a pytest report holds them: where a rank was when it died, inside which op, called from which line. Stages:
+:mod:`.signatures` -> :mod:`.scan` (lines -> records) -> :mod:`.frames` (what the frames say) -> :mod:`.rows`."""
 from __future__ import annotations
 
 from ranktrace.analyzers import schema
 from ranktrace.analyzers.readers.base import ColumnMap, ReadResult, ReaderError
+from ranktrace.analyzers.readers.common.stacks import stacks_table
 from ranktrace.analyzers.readers.text import TextDoc
 from ranktrace.analyzers.readers.traceback.rows import build
 from ranktrace.analyzers.readers.traceback.scan import scan
@@ -56,11 +40,25 @@ OBSERVATION_KINDS: dict[str, str] = {
 
 
 def read_doc(doc: TextDoc) -> ReadResult:
-    """The tracebacks of a text input. ReaderError when it holds none."""
+    """The tracebacks of a text input. ReaderError when it holds none.
+
+    The traceback a rank printed when it died (or when someone pressed Ctrl-C) says where that rank was: inside
+    which torch.distributed op, called from which line of the application, with which error. Torch's own wrappers
+    (torchrun's ``[rank3]:`` prefix, torch.multiprocessing's "-- Process 3 terminated with the following error:",
+    pytest's ``E`` column) and chained exceptions are read as they are really posted, cut at the top or the bottom.
+
+    Known limits:
+
+    * Two writers without launcher prefixes that print at once interleave into one traceback (their frames mix).
+    * Exception groups (``+ Exception Group Traceback``), tracebacks inside JSON strings (torchelastic's error file
+      ``py_callstack``) and rich / IPython-formatted tracebacks are not read.
+    * The op comes from the innermost ``distributed_c10d.py`` frame, a known framework wrapper, or — for a traceback
+      cut before its end — the code line of its innermost frame; other wrappers leave ``group`` null.
+    """
     found = scan(doc)
     events, stacks, obs = build(found.records, doc.path, FORMAT)
     if not stacks:
         raise ReaderError(doc.path, "no Python traceback or C++ backtrace found")
     return ReadResult(file=doc.path, format=FORMAT, events=schema.table_from_rows(schema.EVENTS, events),
-                      stacks=schema.table_from_rows(schema.STACKS, stacks),
+                      stacks=stacks_table(stacks),
                       observations=schema.table_from_rows(schema.OBSERVATIONS, obs), skipped=tuple(found.skipped))

@@ -1,15 +1,5 @@
 """What a traceback's frames say: short file names, application vs library frames, the torch.distributed op the
-traceback was raised in (directly, or through a framework's wrapper), and the set-up stage of an init failure.
-
-Which frame names the op, in order (innermost first):
-
-1. a ``torch/distributed/distributed_c10d.py`` frame whose function is a public op (``all_reduce``, ``barrier``,
-   ``init_process_group`` ...; ``c10d_logger.wrapper`` and private helpers are skipped);
-2. a framework's wrapper of one (DeepSpeed ``deepspeed/comm/comm.py`` / ``torch.py``, accelerate, Lightning,
-   Megatron, torch's functional collectives);
-3. only for a traceback cut before its end: the innermost shown frame's code line calling ``dist.<op>(`` (the call
-   into the frames that were cut off).
-"""
+traceback was raised in (directly, or through a framework's wrapper), and the set-up stage of an init failure."""
 from __future__ import annotations
 
 import re
@@ -132,7 +122,17 @@ class Op:
 
 
 def find_op(frames: list[tuple[str, int, str, str | None]], cut_bottom: bool) -> Op | None:
-    """`frames` innermost first as (file, line, function, code line)."""
+    """`frames` innermost first as (file, line, function, code line).
+
+    Which frame names the op, in order (innermost first):
+
+    1. a ``torch/distributed/distributed_c10d.py`` frame whose function is a public op (``all_reduce``, ``barrier``,
+       ``init_process_group`` ...; ``c10d_logger.wrapper`` and private helpers are skipped);
+    2. a framework's wrapper of one (DeepSpeed ``deepspeed/comm/comm.py`` / ``torch.py``, accelerate, Lightning,
+       Megatron, torch's functional collectives);
+    3. only for a traceback cut before its end: the innermost shown frame's code line calling ``dist.<op>(`` (the call
+       into the frames that were cut off).
+    """
     for i, (file, _line, func, _code) in enumerate(frames):
         if file.replace("\\", "/").endswith("distributed/distributed_c10d.py") and func in _C10D:
             name, cat = _C10D[func]

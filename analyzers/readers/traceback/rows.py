@@ -1,33 +1,14 @@
-"""Records -> rows: a STACKS row per traceback, an ``exception`` observation, an EVENTS ``enter`` when it was raised
-inside a torch.distributed op, an ``init_failure`` when inside process-group set-up at a stage the frames name;
-for torch's "Segfault encountered" report, a native STACKS row and a ``rank_exit`` (segfault).
-
-Worked example (pytorch-131781-b, rank 13)::
-
-    [rank13]: Traceback (most recent call last):
-    [rank13]:   File "/home/ubuntu/test.py", line 9, in run
-    [rank13]:     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    [rank13]:   File ".../site-packages/torch/distributed/c10d_logger.py", line 75, in wrapper
-    [rank13]:   File ".../site-packages/torch/distributed/distributed_c10d.py", line 2219, in all_reduce
-    [rank13]:     work = group.allreduce([tensor], opts)
-    [rank13]: torch.distributed.DistBackendError: NCCL error in: ...ProcessGroupNCCL.cpp:1970, unhandled system error
-
-    STACKS       rank 13, frames ["all_reduce (torch/distributed/distributed_c10d.py:2219)",
-                 "wrapper (torch/distributed/c10d_logger.py:75)", "run (/home/ubuntu/test.py:9)", ...], exception
-    OBSERVATIONS exception rank 13, name DistBackendError, group all_reduce, detail "NCCL error in: ..."
-    EVENTS       enter rank 13, all_reduce (collective), callsite "run (/home/ubuntu/test.py:9)", error "Dist..."
-
-Rank: the launcher prefix, else the spawn index ("-- Process 3 terminated with the following error:"), else the
-file name, else a rank the message states ("[1] is setting up NCCL communicator", "aborted on rank 3",
-"[Rank 3] ..."); a launcher's own traceback (torchrun, spawn's join) has none.
-"""
+"""Records -> rows: a STACKS record per traceback, an ``exception`` observation, an EVENTS ``enter`` when it was
+raised inside a torch.distributed op, an ``init_failure`` when inside process-group set-up at a stage the frames
+name; for torch's "Segfault encountered" report, a native stack and a ``rank_exit`` (segfault)."""
 from __future__ import annotations
 
 import os
 import re
 from typing import Any
 
-from ranktrace.analyzers.readers.torch_common import clip
+from ranktrace.analyzers.readers.common.stacks import StackRecord
+from ranktrace.analyzers.readers.common.torch_text import clip
 from ranktrace.analyzers.readers.traceback.frames import (cpp_init_stage, find_op, init_stage, is_app, launcher_kind,
                                                           short_file)
 from ranktrace.analyzers.readers.traceback.scan import CppBacktrace, Traceback
@@ -39,11 +20,31 @@ _MSG_RANK = re.compile(r"^(?:\[(\d{1,9})\] is setting up NCCL|.{0,200}?aborted o
 _WATCHDOG_SYMS = ("ncclCommWatchdog", "Watchdog::run", "workCleanupLoop", "watchdogHandler", "checkTimeout")
 
 
-def build(records: list[object], file: str, source: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+def build(records: list[object], file: str, source: str) -> tuple[list[dict[str, Any]], list[StackRecord],
                                                                   list[dict[str, Any]]]:
-    """(EVENTS, STACKS, OBSERVATIONS) rows."""
+    """(EVENTS rows, stack records, OBSERVATIONS rows).
+
+    Worked example (pytorch-131781-b, rank 13)::
+
+        [rank13]: Traceback (most recent call last):
+        [rank13]:   File "/home/ubuntu/test.py", line 9, in run
+        [rank13]:     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        [rank13]:   File ".../site-packages/torch/distributed/c10d_logger.py", line 75, in wrapper
+        [rank13]:   File ".../site-packages/torch/distributed/distributed_c10d.py", line 2219, in all_reduce
+        [rank13]:     work = group.allreduce([tensor], opts)
+        [rank13]: torch.distributed.DistBackendError: NCCL error in: ...NCCL.cpp:1970, unhandled system error
+
+        STACKS       rank 13, frames ["all_reduce (torch/distributed/distributed_c10d.py:2219)",
+                     "wrapper (torch/distributed/c10d_logger.py:75)", "run (/home/ubuntu/test.py:9)", ...], exception
+        OBSERVATIONS exception rank 13, name DistBackendError, group all_reduce, detail "NCCL error in: ..."
+        EVENTS       enter rank 13, all_reduce (collective), callsite "run (/home/ubuntu/test.py:9)", error "Dist..."
+
+    Rank: the launcher prefix, else the spawn index ("-- Process 3 terminated with the following error:"), else the
+    file name, else a rank the message states ("[1] is setting up NCCL communicator", "aborted on rank 3",
+    "[Rank 3] ..."); a launcher's own traceback (torchrun, spawn's join) has none.
+    """
     events: list[dict[str, Any]] = []
-    stacks: list[dict[str, Any]] = []
+    stacks: list[StackRecord] = []
     obs: list[dict[str, Any]] = []
     seen: set[tuple[Any, ...]] = set()
     base = os.path.basename(file)
@@ -68,9 +69,9 @@ def build(records: list[object], file: str, source: str) -> tuple[list[dict[str,
                 rank = r.who.prefix_rank
             short = r.exc_type.rsplit(".", 1)[-1] if r.exc_type else None
             interrupted = short == "KeyboardInterrupt"
-            stacks.append(dict(host=r.who.host, pid=r.who.pid, rank=rank, thread_name=launcher or r.thread,
-                               thread_state="interrupted" if interrupted else "exception", frames=spelled,
-                               native=False, snapshot=f"{base}#tb{k}", source=source, file=file, line=r.line))
+            stacks.append(StackRecord(source, file, r.line, spelled, host=r.who.host, pid=r.who.pid, rank=rank,
+                                      thread_name=launcher or r.thread,
+                                      state="interrupted" if interrupted else "exception", snapshot=f"{base}#tb{k}"))
             tuples = [(f.file, f.lineno, f.func, f.code) for f in frames]
             op = None if launcher else find_op(tuples, cut_bottom=r.exc_type is None)
             message = clip(r.exc_msg) if r.exc_msg else ""
@@ -105,10 +106,9 @@ def build(records: list[object], file: str, source: str) -> tuple[list[dict[str,
             rank = r.who.global_rank
             frames = [f"{s} ({lib})" for s, lib in zip(r.symbols, r.libs)]
             watchdog = any(w in s for s in r.symbols for w in _WATCHDOG_SYMS)
-            stacks.append(dict(host=r.who.host, pid=r.who.pid, rank=rank,
-                               thread_name="pt_nccl_watchdg" if watchdog else None, thread_state="exception",
-                               frames=frames, native=True, snapshot=f"{base}#cpp{k}", source=source, file=file,
-                               line=r.line))
+            stacks.append(StackRecord(source, file, r.line, frames, host=r.who.host, pid=r.who.pid, rank=rank,
+                                      thread_name="pt_nccl_watchdg" if watchdog else None, state="exception",
+                                      native=True, snapshot=f"{base}#cpp{k}"))
             stage = None if watchdog else cpp_init_stage(list(r.symbols))
             if stage is not None:
                 obs.append(dict(host=r.who.host, pid=r.who.pid, rank=rank, kind="init_failure", name=stage[0],
@@ -118,15 +118,14 @@ def build(records: list[object], file: str, source: str) -> tuple[list[dict[str,
     return events, stacks, obs
 
 
-def _segfault(r: Traceback, k: int, base: str, file: str, source: str, stacks: list[dict[str, Any]],
+def _segfault(r: Traceback, k: int, base: str, file: str, source: str, stacks: list[StackRecord],
               obs: list[dict[str, Any]]) -> None:
     """torch's fatal-signal report: native frames already innermost first, the process dies of SIGSEGV."""
     rank = _rank(r)
     spelled = [f"{f.func} ({f.file})" if f.lineno == 0 else f"{f.func} ({short_file(f.file)}:{f.lineno})"
                for f in r.frames]
-    stacks.append(dict(host=r.who.host, pid=r.who.pid, rank=rank, thread_name=None, thread_state="exception",
-                       frames=spelled, native=True, snapshot=f"{base}#segv{k}", source=source, file=file,
-                       line=r.line))
+    stacks.append(StackRecord(source, file, r.line, spelled, host=r.who.host, pid=r.who.pid, rank=rank,
+                              state="exception", native=True, snapshot=f"{base}#segv{k}"))
     obs.append(dict(host=r.who.host, pid=r.who.pid, rank=rank, kind="rank_exit", name="segfault", value=11,
                     detail=clip(f"Segfault encountered in {spelled[0]}"), source=source, file=file, line=r.line))
     stage = cpp_init_stage([f.func for f in r.frames])

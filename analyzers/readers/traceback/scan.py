@@ -1,14 +1,4 @@
-"""Lines -> Traceback / CppBacktrace records.
-
-Tracebacks are read per writer: lines carry the launcher prefix of the rank that printed them (``[rank3]:``, a Ray
-worker's pid), and two ranks printing at once interleave their lines, so each writer has its own open traceback.
-A traceback starts at its header, or, when the paste cut the top off, at the first frame line; it ends at its
-exception line, or — cut at the bottom — at the first line of the same writer that is neither a frame nor code.
-
-Code line or exception line? After a frame, an indented line deeper than the frame is code. When the indentation is
-gone (pytest's ``E`` column strips it), a line is code unless it looks like an exception (a dotted name ending in
-Error / Exception / Interrupt / Exit / Warning or with a capitalised last part, then ``:`` or the end of the line).
-"""
+"""Lines -> Traceback / CppBacktrace records, per writer (two ranks printing at once interleave their lines)."""
 from __future__ import annotations
 
 import re
@@ -16,7 +6,7 @@ from dataclasses import dataclass, field
 
 from ranktrace.analyzers.readers.base import Skipped
 from ranktrace.analyzers.readers.text import Line, TextDoc
-from ranktrace.analyzers.readers.torch_common import Speaker, speaker, strip_leaders
+from ranktrace.analyzers.readers.common.torch_text import Speaker, speaker, strip_leaders
 from ranktrace.analyzers.readers.traceback.signatures import (CHAIN, CPP_FRAME, CPP_HEADER, EXC, FRAME, HEADER,
                                                               CPP_FRAME_TORN, IGNORED, SEGV, SPAWN, THREAD)
 
@@ -68,6 +58,16 @@ class Scan:
 
 
 def scan(doc: TextDoc) -> Scan:
+    """
+    Tracebacks are read per writer: lines carry the launcher prefix of the rank that printed them (``[rank3]:``, a Ray
+    worker's pid), and two ranks printing at once interleave their lines, so each writer has its own open traceback.
+    A traceback starts at its header, or, when the paste cut the top off, at the first frame line; it ends at its
+    exception line, or — cut at the bottom — at the first line of the same writer that is neither a frame nor code.
+
+    Code line or exception line? After a frame, an indented line deeper than the frame is code. When the indentation is
+    gone (pytest's ``E`` column strips it), a line is code unless it looks like an exception (a dotted name ending in
+    Error / Exception / Interrupt / Exit / Warning or with a capitalised last part, then ``:`` or the end of the line).
+    """
     return _Scanner(doc).run()
 
 

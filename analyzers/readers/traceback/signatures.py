@@ -1,32 +1,31 @@
 """Line patterns of Python tracebacks and of the C++ backtraces torch attaches to its exceptions, and the catalogue
-signature that marks them.
-
-Python (3.6 – 3.13)::
-
-    Traceback (most recent call last):                       (may follow text: "Scheduler hit an exception: ")
-      File "/x/train.py", line 12, in main                   (loguru: "  > File ...")
-        dist.all_reduce(t)                                   (3.11+: a "    ^^^^^" line may follow)
-    RuntimeError: message                                    (the last line; no colon for KeyboardInterrupt)
-    During handling of the above exception, another exception occurred:       (chained)
-    The above exception was the direct cause of the following exception:
-    -- Process 3 terminated with the following error:        (torch.multiprocessing.spawn, then a traceback)
-    Exception in thread Thread-1:                            (threading, before the header)
-
-C++ (c10::Error's backtrace)::
-
-    Exception raised from checkTimeout at ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:525 (most recent ...
-    frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x57 (0x7f32 in /x/torch/lib/libc10.so)
-    frame #4: <unknown function> + 0xe6793 (0x7f32 in /lib/x86_64-linux-gnu/libstdc++.so.6)
-
-Faulthandler's ``File "x", line 12 in f`` (no comma) is another family's. Every pattern is linear: anchored or
-literal-led, bounded repetitions, no nested quantifiers.
-"""
+signature that marks them (the shapes are drawn above the patterns)."""
 from __future__ import annotations
 
 import re
 
 __all__ = ["SIGNATURE", "HEADER", "FRAME", "CHAIN", "SPAWN", "THREAD", "EXC", "IGNORED", "CPP_HEADER", "CPP_FRAME",
            "CPP_FRAME_TORN", "SEGV"]
+
+# Python (3.6 – 3.13)::
+#
+#     Traceback (most recent call last):                       (may follow text: "Scheduler hit an exception: ")
+#       File "/x/train.py", line 12, in main                   (loguru: "  > File ...")
+#         dist.all_reduce(t)                                   (3.11+: a "    ^^^^^" line may follow)
+#     RuntimeError: message                                    (the last line; no colon for KeyboardInterrupt)
+#     During handling of the above exception, another exception occurred:       (chained)
+#     The above exception was the direct cause of the following exception:
+#     -- Process 3 terminated with the following error:        (torch.multiprocessing.spawn, then a traceback)
+#     Exception in thread Thread-1:                            (threading, before the header)
+#
+# C++ (c10::Error's backtrace)::
+#
+#     Exception raised from checkTimeout at ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:525 (most recent ...
+#     frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x57 (0x7f32 in /x/torch/lib/libc10.so)
+#     frame #4: <unknown function> + 0xe6793 (0x7f32 in /lib/x86_64-linux-gnu/libstdc++.so.6)
+#
+# Faulthandler's ``File "x", line 12 in f`` (no comma) is another family's. Every pattern is linear: anchored or
+# literal-led, bounded repetitions, no nested quantifiers.
 
 _STAMP = r"(?:[A-Z][a-z]{2} {1,2}\d{1,2} \d\d:\d\d:\d\d |\d{4}-\d\d-\d\dT[\d:.]{8,20}Z |\s{0,4}E {2,})?"
 # Frame lines mark a traceback (a header without frames holds nothing to read): both kinds are anchored, so the

@@ -1,0 +1,152 @@
+"""The one pass over a trace's events: keeps the comm events (``record_param_comms``, ``nccl:<op>`` annotations),
+the CUDA launches (as flat arrays: millions in a big trace) and the NCCL kernels, nothing else; they become ops at
+the end (:mod:`.ops`)."""
+from __future__ import annotations
+
+import re
+from array import array
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ranktrace.analyzers.readers.base import Skipped
+
+__all__ = ["BACKEND_PREFIX", "Comm", "Collector"]
+
+BACKEND_PREFIX = re.compile(r"^(nccl|gloo|xccl|ucc|mpi|hccl|rccl|cncl|mccl):(.+)$", re.IGNORECASE)
+
+
+@dataclass
+class Comm:
+    """A CPU-side comm event (record_param_comms or a backend annotation) on one thread."""
+
+    index: int
+    pid: Any
+    tid: Any
+    ts: float
+    end: float
+    name: str                 # raw event name
+    is_annotation: bool
+    args: dict[str, Any]
+    children: list["Comm"] = field(default_factory=list)
+
+
+class Collector:
+    """Consumes stream items; keeps only what ops need; :mod:`.tables` builds the tables from it at the end."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+        self.meta: dict[str, Any] = {}
+        self.saw_trace_events = False
+        self.events_seen = 0
+        self.comms: dict[tuple[Any, Any], list[Comm]] = defaultdict(list)
+        # CUDA launches, one per kernel of the trace (millions in a big one): kept as three flat arrays (20 bytes
+        # a launch instead of a dict entry and a tuple); only those of NCCL kernels are looked up at the end
+        self.launch_corr = array("q")
+        self.launch_ts = array("d")
+        self.launch_thread = array("i")
+        self.threads: dict[tuple[Any, Any], int] = {}
+        self.thread_keys: list[tuple[Any, Any]] = []
+        self.big_corr: dict[int, tuple[Any, Any, float]] = {}   # correlation ids beyond 64 bits (never in practice)
+        self.kernels: list[tuple[int, float, str]] = []  # (correlation, end µs, name) of NCCL kernels
+        self.skip_counts: dict[str, int] = defaultdict(int)
+        self.skipped: list[Skipped] = []
+
+    def skip(self, line: int | None, reason: str) -> None:
+        self.skipped.append(Skipped(self.file, line, reason))
+
+    # -- stream
+
+    def take(self, item: tuple[Any, ...]) -> None:
+        if item[0] == "meta":
+            if item[1] == "traceEvents":
+                self.saw_trace_events = True
+            else:
+                self.meta[item[1]] = item[2]
+            return
+        _, index, ev = item
+        self.saw_trace_events = True
+        self.events_seen += 1
+        if not isinstance(ev, dict):
+            self.skip_counts["traceEvents element that is not an object"] += 1
+            return
+        if ev.get("ph") != "X":
+            return
+        name, cat = ev.get("name"), ev.get("cat")
+        if not isinstance(name, str):
+            return
+        args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
+        try:
+            ts = float(ev["ts"])
+            dur = float(ev.get("dur") or 0.0)
+        except (KeyError, TypeError, ValueError):
+            if name == "record_param_comms" or BACKEND_PREFIX.match(name):
+                self.skip_counts["collective event without a numeric ts/dur"] += 1
+            return
+        if cat == "cpu_op" and name == "record_param_comms":
+            self.comms[(ev.get("pid"), ev.get("tid"))].append(
+                Comm(index, ev.get("pid"), ev.get("tid"), ts, ts + dur, name, False, _comm_args(args)))
+        elif cat in ("user_annotation", "cpu_op") and BACKEND_PREFIX.match(name):
+            self.comms[(ev.get("pid"), ev.get("tid"))].append(
+                Comm(index, ev.get("pid"), ev.get("tid"), ts, ts + dur, name, True, _annotation_args(args)))
+        elif cat in ("cuda_runtime", "cuda_driver") and "Launch" in name and "correlation" in args:
+            try:
+                corr = int(args["correlation"])
+            except (TypeError, ValueError):
+                return
+            thread = (ev.get("pid"), ev.get("tid"))
+            try:
+                hash(thread)
+            except TypeError:  # pid/tid that are lists or objects: no thread to tie a kernel to
+                return
+            if not -(1 << 63) <= corr < 1 << 63:
+                self.big_corr[corr] = (thread[0], thread[1], ts)
+                return
+            ti = self.threads.get(thread)
+            if ti is None:
+                ti = self.threads[thread] = len(self.thread_keys)
+                self.thread_keys.append(thread)
+            self.launch_corr.append(corr)
+            self.launch_ts.append(ts)
+            self.launch_thread.append(ti)
+        elif cat == "kernel" and name.startswith("nccl"):
+            corr = args.get("correlation")
+            if isinstance(corr, int):
+                self.kernels.append((corr, ts + dur, name))
+
+    # -- lookups for the result
+
+    def launches(self, wanted: set[int]) -> dict[int, tuple[Any, Any, float]]:
+        """correlation → (pid, tid, ts) of the launches in ``wanted`` (the last one when a correlation repeats)."""
+        out: dict[int, tuple[Any, Any, float]] = {}
+        if not wanted:
+            return out
+        corr = np.frombuffer(self.launch_corr, dtype=np.int64) if len(self.launch_corr) else np.zeros(0, np.int64)
+        small = [c for c in wanted if -(1 << 63) <= c < 1 << 63]
+        for i in np.flatnonzero(np.isin(corr, np.array(small, dtype=np.int64))).tolist():
+            pid, tid = self.thread_keys[self.launch_thread[i]]
+            out[int(corr[i])] = (pid, tid, self.launch_ts[i])
+        out.update((c, v) for c, v in self.big_corr.items() if c in wanted)
+        return out
+
+
+_COMM_ARGS = ("Collective name", "dtype", "In msg nelems", "Out msg nelems", "Group size", "Process Group Name",
+              "Process Group Description", "Process Group Ranks", "Process Group ID", "Global rank start",
+              "Global rank stride", "Seq", "Src Rank", "Dst Rank", "Rank")
+
+
+def _comm_args(args: dict[str, Any]) -> dict[str, Any]:
+    return {k: args[k] for k in _COMM_ARGS if k in args}
+
+
+def _annotation_args(args: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    dims = args.get("Input Dims")
+    if isinstance(dims, list) and dims and isinstance(dims[0], list):
+        out["Input Dims"] = dims[0]
+    types = args.get("Input type")
+    if isinstance(types, list) and types and isinstance(types[0], str) and types[0]:
+        out["Input type"] = types[0]
+    return out

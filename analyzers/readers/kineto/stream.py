@@ -1,0 +1,127 @@
+"""Streaming JSON for Kineto traces: the top-level keys and the ``traceEvents`` one element at a time, read in 1 MiB
+chunks, so no trace is ever held whole; knows nothing of profiler events, only how a cut or corrupt file looks."""
+from __future__ import annotations
+
+import codecs
+import json
+import zlib
+from typing import IO, Any, Iterator
+
+_CHUNK = 1 << 20
+_MAX_VALUE_CHARS = 64 << 20       # one JSON value larger than this is treated as corrupt, not as "read more"
+
+__all__ = ["Truncated", "NotJson", "JsonStream"]
+
+
+class Truncated(Exception):
+    """The input ended inside a JSON value."""
+
+
+class NotJson(Exception):
+    """The input is not JSON (or not a trace's JSON) from `offset` on."""
+
+    def __init__(self, message: str, offset: int) -> None:
+        super().__init__(message)
+        self.offset = offset
+
+
+class JsonStream:
+    """Incremental reader of one top-level JSON object (or array) that yields the ``traceEvents`` one by one.
+
+    Items: ``("meta", key, value)`` for each top-level key other than ``traceEvents``, ``("event", index, dict)``
+    for each element of ``traceEvents`` (or of a top-level array). Only the value being decoded is buffered.
+    """
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self.raw = raw
+        self.decoder = json.JSONDecoder()
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.buf = ""
+        self.pos = 0
+        self.consumed = 0  # chars dropped from the front of buf
+        self.eof = False
+
+    def _fill(self) -> bool:
+        if self.eof:
+            return False
+        try:
+            chunk = self.raw.read(_CHUNK)
+        except (EOFError, zlib.error, OSError):  # cut gzip stream / bad CRC: treat as end of data
+            chunk = b""
+        if not chunk:
+            self.eof = True
+            self.buf += self.utf8.decode(b"", final=True)
+            return False
+        if self.pos > _CHUNK:
+            self.consumed += self.pos
+            self.buf = self.buf[self.pos:]
+            self.pos = 0
+        self.buf += self.utf8.decode(chunk)
+        return True
+
+    def _peek(self) -> str:
+        while True:
+            while self.pos < len(self.buf) and self.buf[self.pos] in " \t\r\n":
+                self.pos += 1
+            if self.pos < len(self.buf):
+                return self.buf[self.pos]
+            if not self._fill():
+                raise Truncated(f"at char {self.consumed + self.pos}")
+
+    def _expect(self, chars: str) -> str:
+        c = self._peek()
+        if c not in chars:
+            raise NotJson(f"expected {' or '.join(repr(x) for x in chars)}, found {c!r}", self.consumed + self.pos)
+        self.pos += 1
+        return c
+
+    def _value(self) -> Any:
+        self._peek()
+        while True:
+            try:
+                value, end = self.decoder.raw_decode(self.buf, self.pos)
+            except json.JSONDecodeError as e:
+                if len(self.buf) - self.pos > _MAX_VALUE_CHARS:
+                    raise NotJson(f"one JSON value runs past {_MAX_VALUE_CHARS >> 20} MiB without ending ({e.msg}): "
+                                   "corrupt, or not a trace", self.consumed + e.pos) from e
+                if not self._fill():
+                    if e.pos >= len(self.buf) - 1 or "Unterminated" in e.msg:
+                        raise Truncated(f"at char {self.consumed + e.pos}") from e
+                    raise NotJson(f"invalid JSON ({e.msg})", self.consumed + e.pos) from e
+                continue
+            if end >= len(self.buf) and not self.eof and self._fill():
+                continue  # a number may continue in the next chunk: decode again with more text
+            self.pos = end
+            return value
+
+    def items(self) -> Iterator[tuple[Any, ...]]:
+        first = self._expect("{[")
+        if first == "[":
+            yield from self._array_events()
+            return
+        if self._peek() == "}":
+            return
+        while True:
+            key = self._value()
+            if not isinstance(key, str):
+                raise NotJson("object key is not a string", self.consumed + self.pos)
+            self._expect(":")
+            if key == "traceEvents" and self._peek() == "[":
+                self.pos += 1
+                yield ("meta", "traceEvents", None)
+                yield from self._array_events()
+            else:
+                yield ("meta", key, self._value())
+            if self._expect(",}") == "}":
+                return
+
+    def _array_events(self) -> Iterator[tuple[Any, ...]]:
+        index = 0
+        if self._peek() == "]":
+            self.pos += 1
+            return
+        while True:
+            yield ("event", index, self._value())
+            index += 1
+            if self._expect(",]") == "]":
+                return

@@ -1,0 +1,169 @@
+"""One ring's contents (tracer.ringformat) as an EVENTS table, vectorised: op slots arrive as numpy columns, string
+ids map through one ``take``, the rare meta-region events (init, phases, graph captures) are merged in as rows, and
+identity and group records are joined onto every row."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ranktrace.analyzers import schema
+from ranktrace.tracer import ringformat as rf
+
+__all__ = ["RING_WRAPPED", "ring_to_events", "identity_of"]
+
+RING_WRAPPED = "ring_wrapped"  # mark at a wrapped ring's oldest surviving record
+
+
+def identity_of(rc: rf.RingContents) -> dict[str, Any]:
+    """Best identity of the ring's process: the last identity record that knew the rank wins."""
+    ident: dict[str, Any] = {"rank": None, "world": None}
+    for m in rc.meta:
+        if m.get("type") == "identity":
+            if m.get("rank") is not None or ident["rank"] is None:
+                ident.update({k: v for k, v in m.items() if v is not None or k not in ident})
+    return ident
+
+
+def _groups(rc: rf.RingContents) -> dict[str, dict[str, Any]]:
+    return {m["name"]: m for m in rc.meta if m.get("type") == "group" and m.get("name") is not None}
+
+
+def ring_to_events(rc: rf.RingContents, host: str, file: str) -> pa.Table:
+    """All events of one ring as an EVENTS table (slots and meta-region events, in time order)."""
+    ident = identity_of(rc)
+    rank, world = ident.get("rank"), ident.get("world")
+    groups = _groups(rc)
+    n = rc.num_slots
+    arr = rc.columns() if n else {}
+    max_id = max(rc.strings) if rc.strings else 0
+    strings = [rc.strings.get(i, "?") for i in range(max_id + 1)]
+    str_arr = pa.array(strings, pa.string())
+
+    def ids(col: str) -> pa.Array:
+        """String ids as take indices: 0 (no string) is null; ids past the table clamp to its last entry."""
+        raw = arr[col]
+        none = raw == 0
+        return pa.array(raw if int(raw.max()) <= max_id else np.minimum(raw, max_id).astype(raw.dtype),
+                        mask=none if none.any() else None)
+
+    def s(col: str) -> pa.Array:
+        if not arr[col].any():  # e.g. no op failed: no error strings
+            return pa.nulls(n, pa.string())
+        return str_arr.take(ids(col))
+
+    def opt(col: str, none: int, typ: pa.DataType) -> pa.Array:
+        v = arr[col]
+        return pa.array(v, typ, mask=(v == none))
+
+    def const(value: Any, typ: pa.DataType) -> pa.Array:
+        return pa.repeat(pa.scalar(value, typ), n)
+
+    cols: dict[str, Any] = {}
+    if n:
+        kinds = pa.array(rf.KINDS + ("unknown",) * (256 - len(rf.KINDS)), pa.string()).take(pa.array(arr["kind"]))
+        cats = pa.array(rf.CATEGORIES + ("user",) * (256 - len(rf.CATEGORIES)), pa.string()).take(
+            pa.array(arr["category"]))
+        group_ids = ids("group")
+        # group records joined per string id (the string table is small; the slots only carry ids)
+        by_id = [groups.get(g) or {} for g in strings]
+        cols = {
+            "host": const(host, pa.string()),
+            "pid": const(rc.pid, pa.int64()),
+            "tid": pa.array(arr["tid"].astype(np.int64)),
+            "rank": const(rank, pa.int32()),
+            "world": const(world, pa.int32()),
+            "t_ns": pa.array(arr["t_ns"]),
+            "wall_ns": pa.array(arr["t_ns"] - rc.mono0_ns + rc.wall0_ns),
+            "kind": kinds,
+            "name": s("name"),
+            "category": cats,
+            "group": str_arr.take(group_ids),
+            "group_desc": pa.array([g.get("desc") for g in by_id], pa.string()).take(group_ids),
+            "backend": pa.array([g.get("backend") for g in by_id], pa.string()).take(group_ids),
+            "group_ranks": pa.array([g.get("ranks") for g in by_id], pa.list_(pa.int32())).take(group_ids),
+            "seq": opt("seq", rf.NONE_I64, pa.int64()),
+            "backend_seq": opt("backend_seq", rf.NONE_I64, pa.int64()),
+            "peer": opt("peer", rf.NONE_I32, pa.int32()),
+            "capturing": pa.array((arr["flags"] & rf.FLAG_CAPTURING) != 0),
+            "graph_id": opt("graph_id", rf.NONE_I32, pa.int64()),
+            "nbytes": opt("nbytes", rf.NONE_I64, pa.int64()),
+            "dtype": s("dtype"),
+            "shape": s("shape"),
+            "callsite": s("callsite"),
+            "span_id": pa.array(arr["span_id"]),
+            "parent_span_id": pa.array(arr["parent_span_id"], mask=(arr["parent_span_id"] == 0)),
+            "error": s("error"),
+            "async_op": pa.array((arr["flags"] & rf.FLAG_ASYNC) != 0),
+            "source": const("events", pa.string()),
+            "file": const(file, pa.string()),
+            "line": pa.array(arr["commit"].astype(np.int64) - 1),
+        }
+        slot_table = pa.table({name: cols.get(name, pa.nulls(n, schema.EVENTS.field(name).type))
+                               for name in schema.EVENTS.names}, schema=schema.EVENTS)
+    else:
+        slot_table = schema.empty(schema.EVENTS)
+    meta_rows = []
+    for i, m in enumerate(rc.meta):
+        if m.get("type") != "event":
+            continue
+        g = m.get("group")
+        ginfo = groups.get(g, {}) if g else {}
+        detail = {k: v for k, v in m.items() if k in ("backend", "ranks", "world", "rank")}
+        if m.get("detail"):
+            detail["detail"] = m["detail"]
+        meta_rows.append(
+            {
+                "host": host, "pid": rc.pid, "tid": m.get("tid"), "rank": rank, "world": world,
+                "t_ns": m.get("t_ns"), "wall_ns": (m["t_ns"] - rc.mono0_ns + rc.wall0_ns) if m.get("t_ns") else None,
+                "kind": m.get("kind"), "name": m.get("name"), "category": m.get("category"), "group": g,
+                "group_desc": ginfo.get("desc"), "backend": ginfo.get("backend") or m.get("backend"),
+                "group_ranks": ginfo.get("ranks"), "seq": m.get("seq"), "capturing": m.get("capturing"),
+                "graph_id": m.get("graph_id"), "callsite": m.get("callsite"), "span_id": m.get("span_id"),
+                "parent_span_id": m.get("parent_span_id"), "error": m.get("error"),
+                "detail": ", ".join(f"{k}={v}" for k, v in detail.items()) or None,
+                "source": "events", "file": file, "line": -(i + 1),  # negative: meta-region record index
+            }
+        )
+    if rc.lost_ops and n:
+        # The wrap lost this rank's oldest ops: from here on, "no record of op k" is not "never issued op k" for a
+        # channel with no record left (analyzers.waitfor reads this mark).
+        first = int(arr["t_ns"].min())
+        meta_rows.append({
+            "host": host, "pid": rc.pid, "rank": rank, "world": world, "t_ns": first,
+            "wall_ns": first - rc.mono0_ns + rc.wall0_ns, "kind": "mark", "name": RING_WRAPPED,
+            "detail": f"{rc.lost_ops} older op record(s) overwritten by the ring wrap before this time",
+            "source": "events", "file": file, "line": -(len(rc.meta) + 1),
+        })
+    return _in_time_order(slot_table, arr.get("t_ns"), schema.table_from_rows(schema.EVENTS, meta_rows))
+
+
+_MAX_MERGE_PIECES = 64
+
+
+def _in_time_order(slot_table: pa.Table, slot_t: Any, meta_table: pa.Table) -> pa.Table:
+    """Slots and meta rows in one table, stably sorted by t_ns (nulls last) — as ``sort_by("t_ns")`` of
+    ``concat([slots, meta])`` would give, without copying a million slots to place a few meta rows.
+
+    Slots are in commit order, which is time order for one thread; then the meta rows are merged in as slices
+    (zero-copy). Otherwise (several threads interleaved, or very many meta rows) the whole table is sorted."""
+    if slot_table.num_rows and slot_t is not None and (slot_t.size < 2 or bool(np.all(slot_t[1:] >= slot_t[:-1]))):
+        meta = meta_table.sort_by([("t_ns", "ascending")]) if meta_table.num_rows else meta_table
+        mt = meta["t_ns"].to_pylist()
+        pos = [len(slot_t) if t is None else int(np.searchsorted(slot_t, t, side="right")) for t in mt]
+        if len(set(pos)) * 2 + 1 <= _MAX_MERGE_PIECES:
+            pieces, prev, i = [], 0, 0
+            while i < len(pos):
+                j = i
+                while j < len(pos) and pos[j] == pos[i]:
+                    j += 1
+                if pos[i] > prev:
+                    pieces.append(slot_table.slice(prev, pos[i] - prev))
+                pieces.append(meta.slice(i, j - i))
+                prev, i = pos[i], j
+            if prev < slot_table.num_rows or not pieces:
+                pieces.append(slot_table.slice(prev))
+            return pa.concat_tables(pieces)
+    table = pa.concat_tables([slot_table, meta_table])
+    return table.sort_by([("t_ns", "ascending")]) if table.num_rows else table

@@ -1,0 +1,87 @@
+"""``samples/proc.arrow`` and ``samples/gpu.arrow``: the latest state of each thread, process and GPU the monitor
+sampled, as observations (the tables stay small whatever the length of the run)."""
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ranktrace.analyzers import schema
+
+__all__ = ["read_proc", "read_gpu"]
+
+
+def _last_per(t: pa.Table, keys: list[str], cols: list[str]) -> list[dict[str, Any]]:
+    t = t.sort_by([("wall_ns", "ascending")])
+    agg = t.group_by(keys, use_threads=False).aggregate([(c, "last") for c in cols])
+    return [{**{k: r[k] for k in keys}, **{c: r[f"{c}_last"] for c in cols}} for r in agg.to_pylist()]
+
+
+def read_proc(t: pa.Table, host: str | None, file: str) -> pa.Table:
+    """``thread_state`` per thread alive in the last two minutes of samples, ``proc_memory`` per process."""
+    if t.num_rows == 0:
+        return schema.empty(schema.OBSERVATIONS)
+    obs: list[dict[str, Any]] = []
+    # every live thread has a row at least every THREAD_KEYFRAME_S (30 s): the last two minutes hold the latest
+    # state of each, whatever the length of the run
+    t = t.filter(pc.greater_equal(t["wall_ns"], pc.max(t["wall_ns"]).as_py() - 120_000_000_000))
+    threads = t.filter(pc.equal(t["kind"], "thread"))
+    if threads.num_rows:
+        cpu = pc.add(pc.fill_null(threads["utime_ns"], 0), pc.fill_null(threads["stime_ns"], 0))
+        threads = threads.append_column("cpu_ns", cpu)
+        end = pc.max(threads["wall_ns"]).as_py()
+        recent = threads.filter(pc.greater_equal(threads["wall_ns"], end - 10_000_000_000))
+        delta = {(r["pid"], r["tid"]): (r["cpu_ns_max"] or 0) - (r["cpu_ns_min"] or 0) for r in recent.group_by(
+            ["pid", "tid"], use_threads=False).aggregate([("cpu_ns", "max"), ("cpu_ns", "min")]).to_pylist()}
+        for r in _last_per(threads, ["pid", "tid"], ["rank", "wall_ns", "comm", "state", "wchan", "cpu_ns"]):
+            recent_ms = delta.get((r["pid"], r["tid"]), 0) // 1_000_000
+            obs.append({"host": host, "pid": r["pid"], "tid": r["tid"], "rank": r["rank"], "wall_ns": r["wall_ns"],
+                        "kind": "thread_state", "name": r["state"], "value": r["cpu_ns"],
+                        "detail": f"comm={r['comm']} wchan={r['wchan'] or '-'} cpu_ms={(r['cpu_ns'] or 0) // 1_000_000}"
+                                  f" cpu_ms_last_10s={recent_ms}",
+                        "source": "proc", "file": file})
+    procs = t.filter(pc.equal(t["kind"], "process"))
+    if procs.num_rows:
+        for r in _last_per(procs, ["pid"], ["rank", "wall_ns", "comm", "rss_bytes", "vms_bytes", "majflt",
+                                            "read_bytes", "write_bytes", "num_threads"]):
+            obs.append({"host": host, "pid": r["pid"], "rank": r["rank"], "wall_ns": r["wall_ns"],
+                        "kind": "proc_memory", "name": r["comm"], "value": r["rss_bytes"],
+                        "detail": f"vms={r['vms_bytes']} majflt={r['majflt']} read_bytes={r['read_bytes']} "
+                                  f"write_bytes={r['write_bytes']} threads={r['num_threads']}",
+                        "source": "proc", "file": file})
+    return schema.table_from_rows(schema.OBSERVATIONS, obs)
+
+
+def read_gpu(t: pa.Table, host: str | None, file: str) -> pa.Table:
+    """``gpu_util`` / ``gpu_memory`` per GPU (latest), ``gpu_memory`` per process on it, ``gpu_xid``, ``gpu_ecc``."""
+    if t.num_rows == 0:
+        return schema.empty(schema.OBSERVATIONS)
+    obs: list[dict[str, Any]] = []
+    dev = t.filter(pc.equal(t["kind"], "device"))
+    if dev.num_rows:
+        cols = ["wall_ns", "uuid", "util_gpu", "util_mem", "mem_used", "mem_total", "power_mw", "sm_clock_mhz",
+                "temperature_c", "pcie_tx_kbps", "pcie_rx_kbps", "ecc_uncorrected"]
+        for r in _last_per(dev, ["gpu"], cols):
+            base = {"host": host, "wall_ns": r["wall_ns"], "name": f"gpu{r['gpu']}", "source": "gpu", "file": file}
+            obs.append({**base, "kind": "gpu_util", "value": r["util_gpu"],
+                        "detail": f"util_mem={r['util_mem']} power_mw={r['power_mw']} sm_clock_mhz={r['sm_clock_mhz']}"
+                                  f" temperature_c={r['temperature_c']} pcie_tx_kbps={r['pcie_tx_kbps']}"
+                                  f" pcie_rx_kbps={r['pcie_rx_kbps']} uuid={r['uuid']}"})
+            obs.append({**base, "kind": "gpu_memory", "value": r["mem_used"], "detail": f"total={r['mem_total']}"})
+            if r["ecc_uncorrected"]:
+                obs.append({**base, "kind": "gpu_ecc", "value": r["ecc_uncorrected"],
+                            "detail": "volatile uncorrected ECC errors"})
+    procs = t.filter(pc.equal(t["kind"], "process"))
+    if procs.num_rows:
+        last = pc.max(procs["wall_ns"]).as_py()
+        for r in _last_per(procs.filter(pc.equal(procs["wall_ns"], last)), ["gpu", "pid"],
+                           ["wall_ns", "rank", "mem_used"]):
+            obs.append({"host": host, "pid": r["pid"], "rank": r["rank"], "wall_ns": r["wall_ns"],
+                        "kind": "gpu_memory", "name": f"gpu{r['gpu']}", "value": r["mem_used"],
+                        "detail": "process", "source": "gpu", "file": file})
+    xids = t.filter(pc.equal(t["kind"], "xid"))
+    for r in xids.to_pylist():
+        obs.append({"host": host, "wall_ns": r["wall_ns"], "kind": "gpu_xid", "name": f"gpu{r['gpu']}",
+                    "value": r["xid"], "detail": r["detail"], "source": "gpu", "file": file})
+    return schema.table_from_rows(schema.OBSERVATIONS, obs)
