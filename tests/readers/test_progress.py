@@ -19,12 +19,32 @@ def _read(path: Path) -> progress.ReadResult:
     assert "progress" in catalogue.scan(doc).families
     res = progress.read_doc(doc)
     check_contract(res, "progress", "progress", path)
-    assert set(res.observations.column("kind").to_pylist()) == {"progress"}
+    assert set(res.observations.column("kind").to_pylist()) <= {"progress", "completion"}
     return res
 
 
 def _got(res) -> list[tuple]:
-    return [(r["rank"], r["name"], r["value"], r["line"]) for r in res.observations.to_pylist()]
+    return [(r["rank"], r["name"], r["value"], r["line"]) for r in res.observations.to_pylist()
+            if r["kind"] == "progress"]
+
+
+@pytest.mark.parametrize("rel, expected", [
+    # torchtitan's last lines: "Training completed", then "Process group destroyed"
+    ("torchtitan-pr3393/train.log", [(0, "training_done", 9), (0, "exit_ok", 11)]),
+    # torch's exit warning: the process ended without destroy_process_group, i.e. it ended
+    ("dmlcloud-61/warning.txt", [(0, "exit_ok", 1)]),
+])
+def test_a_job_saying_it_ended_is_read_as_completion(rel: str, expected: list[tuple]) -> None:
+    res = progress.read_doc(open_text(FIELD / rel))
+    assert [(r["rank"], r["name"], r["line"]) for r in res.observations.to_pylist()
+            if r["kind"] == "completion"] == expected
+
+
+def test_an_ending_followed_by_more_output_is_not_completion(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text("step 10/10\nTraining completed\n" + "".join(f"eval batch {i}\n" for i in range(8)))
+    res = progress.read_doc(open_text(log))
+    assert "completion" not in res.observations.column("kind").to_pylist()
 
 
 def test_declared_mapping() -> None:

@@ -24,6 +24,8 @@ FIELD_MAP: tuple[ColumnMap, ...] = (
 
 OBSERVATION_KINDS: dict[str, str] = {
     "progress": "name = what is counted, value = the last count, detail = done/total and the line",
+    "completion": "name = training_done ('Training completed' among a rank's last lines) | exit_ok (torch's "
+                  "'process group has NOT been destroyed' exit warning, 'Process group destroyed')",
 }
 
 
@@ -40,6 +42,7 @@ def read_doc(doc: TextDoc) -> ReadResult:
     word in front (``120/1000``) is not read; percentages alone (``50%``) are not read.
     """
     found = scan.scan(doc)
-    if not found:
+    ends = scan.endings(doc)
+    if not found and not ends:
         raise ReaderError(doc.path, "no progress bar or step counter")
-    return rows.result(doc.path, FORMAT, SOURCE, found)
+    return rows.result(doc.path, FORMAT, SOURCE, found, ends)

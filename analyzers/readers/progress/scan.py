@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ranktrace.analyzers.readers.progress import signatures as sig
 from ranktrace.analyzers.readers.text import TextDoc
 
-__all__ = ["Progress", "scan"]
+__all__ = ["Progress", "Ending", "scan", "endings"]
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,35 @@ class Progress:
     value: int
     total: int | None
     text: str
+
+
+@dataclass(frozen=True)
+class Ending:
+    line: int
+    rank: int | None
+    what: str          # training_done | exit_ok
+    text: str
+
+
+#: an ending counts only among the last lines a rank (or the file) printed: a loop that "finished" and then hung
+#: in the next stage says more after it
+_LAST_LINES = 6
+
+
+def endings(doc: TextDoc) -> list[Ending]:
+    """Lines near the end of each rank's output saying the job ended normally."""
+    last_of: dict[int | None, list[int]] = {}
+    for i, ln in enumerate(doc.lines):
+        last_of.setdefault(ln.prefix.rank, []).append(i)
+    tail = {i for idx in last_of.values() for i in idx[-_LAST_LINES:]}
+    out = []
+    for i in sorted(tail):
+        ln = doc.lines[i]
+        m = sig.END.search(ln.text[:2000])
+        if m:
+            rank = ln.prefix.rank if ln.prefix.rank is not None else doc.name_rank
+            out.append(Ending(ln.no, rank, "training_done" if m.group("train") else "exit_ok", ln.text.strip()))
+    return out
 
 
 def scan(doc: TextDoc) -> list[Progress]:

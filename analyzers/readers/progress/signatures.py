@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["CATALOGUE", "TQDM", "COUNTER", "what_of_label", "count_value"]
+__all__ = ["CATALOGUE", "TQDM", "COUNTER", "END", "what_of_label", "count_value"]
 
 # * tqdm (``datasets``, ``transformers``, vLLM, SGLang): ``<label>: <pct>%|<bar>| <n>/<total> [<elapsed><<left>, ...]``
 #   (``Running tokenizer on dataset:   9%|▉  | 280000/2969526 [29:55<4:48:08, 149.80 examples/s]``,
@@ -19,14 +19,22 @@ __all__ = ["CATALOGUE", "TQDM", "COUNTER", "what_of_label", "count_value"]
 
 CATALOGUE: tuple[str, ...] = (
     r".{0,300}?\d{1,3}%\s{0,2}\|.{0,400}?\|\s{0,4}\d{1,12}(?:\.\d{1,3})?[kKMG]?/\d",
+    r".{0,300}?\d{1,3}%\s{0,2}Completed\s{0,2}\|\s{0,4}\d{1,12}/\d",
+    r".{0,200}?(?:[Tt]raining (?:is )?(?:completed|finished|complete|done)\b|[Ff]inished training\b|"
+    r"[Pp]rocess group (?:destroyed|has NOT been destroyed before))",
     r".{0,300}?:\s{1,8}\d{1,3}%\s{1,4}\d{1,12}/\d{1,12}\s{1,4}\[\d",
     r".{0,200}?(?:^|[\s,\[|])(?:global_)?(?:[Ss]tep|[Ii]teration|[Ee]poch)\s{0,4}[:=#]?\s{0,8}\d{1,9}(?![\d(])",
 )
 
-TQDM = re.compile(r"(?:(?P<label>[^|%]{1,200}?)\s{0,2}:)?\s{0,8}(?P<pct>\d{1,3})%\s{0,2}(?:\|[^|]{0,400}\|)?\s{0,4}"
+TQDM = re.compile(r"(?:(?P<label>[^|%]{1,200}?)\s{0,2}:)?\s{0,8}(?P<pct>\d{1,3})%\s{0,2}"
+                  r"(?:Completed\s{0,2}\|\s{0,4}|\|[^|]{0,400}\|)?\s{0,4}"
                   r"(?P<done>\d{1,12}(?:\.\d{1,3})?[kKMG]?)/(?P<total>\d{1,12}(?:\.\d{1,3})?[kKMG]?)")
 COUNTER = re.compile(r"(?:^|[\s,\[|])(?P<g>global_)?(?P<what>[Ss]tep|STEP|[Ii]ter(?:ation)?|[Ee]poch)\s{0,4}[:=#]?"
                      r"\s{0,8}(?P<n>\d{1,9})(?![\d(])(?:\s{0,2}/\s{0,8}(?P<total>\d{1,9}))?")
+#: a job saying it ended normally: the training loop's own last words, or torch's warning printed when a process
+#: exits without destroy_process_group (it exits: the interpreter is shutting down normally)
+END = re.compile(r"(?P<train>[Tt]raining (?:is )?(?:completed|finished|complete|done)\b|[Ff]inished training\b)|"
+                 r"(?P<pg>[Pp]rocess group (?:destroyed|has NOT been destroyed before))")
 _LABEL_WORDS = ((re.compile(r"tokeni[sz]", re.I), "tokenizer"),
                 (re.compile(r"checkpoint shards|Loading (?:safetensors|weights|model|pt checkpoint)", re.I), "load"),
                 (re.compile(r"Capturing", re.I), "cuda_graph_capture"),

@@ -24,6 +24,10 @@ _WORKER = re.compile(  # (VllmWorker rank=2 pid=51) (RayWorkerWrapper pid=4009, 
     r" pid=(?P<pid>\d{1,9})(?:, ip=(?P<ip>[0-9A-Fa-f.:]{3,45}))?\)[ \t]?")
 _HOST_STREAM = re.compile(r"(?P<host>[\w.-]{1,128}) \[std(?:out|err)\]:? ")
 _COMPOSE = re.compile(r"(?P<svc>[\w.-]{1,64}?)(?:[-_]\d{1,4})? {1,16}\| ")
+#: vLLM's logger: ``ERROR 05-08 19:06:38 [multiproc_executor.py:962] `` (older: ``INFO 09-03 02:15:41 utils.py:965] ``);
+#: it logs a worker's traceback one line at a time behind this prefix
+_PYLOG = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,6})? "
+                    r"\[?[\w./-]{1,120}:\d{1,6}\] ?")
 _VLLM_PROC = re.compile(r"\((?P<tag>[A-Za-z_][\w.-]{0,60}?) pid=(?P<pid>\d{1,9})\)[ \t]?")
 
 
@@ -111,6 +115,10 @@ def split_prefixes(line: str, srun: bool = False) -> tuple[LinePrefix, str]:
         m = _HOST_STREAM.match(rest)
         if m:
             host = m.group("host")
+            rest = rest[m.end():]
+            continue
+        m = _PYLOG.match(rest)
+        if m:
             rest = rest[m.end():]
             continue
         m = _COMPOSE.match(rest)
