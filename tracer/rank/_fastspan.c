@@ -13,7 +13,8 @@
  *     paths (and from any thread) interleave in one ring;
  *   - it keeps every rule of the Python wrappers: the call's result and exception pass through untouched; a
  *     failure of ranktrace's own code goes to TraceState.fail (tracing off, one line) and the call still runs; the
- *     depth guard and the per-thread span live on the same per-thread object the Python wrappers use.
+ *     guard (tracestate.recording_thread: depth and enabled) and the per-thread span live on the same per-thread
+ *     object the Python wrappers use.
  *
  * Not handled here (always the Python wrapper): p2p ops, containers, an open graph capture, an NVTX tool attached.
  * The module imports only on CPython >= 3.11 (PyFrame_GetLasti); elsewhere the pure-Python wrappers run.

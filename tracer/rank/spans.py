@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from .. import redact
 from .slotwriter import ERROR, EXIT
-from .tracestate import ThreadState, TraceState
+from .tracestate import ThreadState, TraceState, recording_thread
 
 __all__ = ["run_slot_span", "run_meta_span", "error_text", "error_id", "finish_wrapper", "arg_positions"]
 
@@ -59,10 +59,8 @@ def run_meta_span(st: TraceState, name: str, category: str, orig: Callable[..., 
                   frame: Any) -> Any:
     """Call orig inside an enter/exit pair in the meta region (never evicted), children parented to it: rare,
     precious spans (make_graphed_callables, --hook phases)."""
-    local = st.tls.ts
+    local = recording_thread(st)
     if local is None:
-        local = st.new_thread()
-    if local.depth or not st.enabled:
         return orig(*args, **kwargs)
     try:
         span = st.new_span()

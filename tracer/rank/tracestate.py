@@ -1,4 +1,4 @@
-"""TraceState: everything the wrappers of one process share.
+"""TraceState: everything the wrappers of one process share, and the one guard every wrapper starts with.
 
 Its parts live beside it: call sites and tensors (callinfo), groups and backend counters (groups), graph captures
 (captures). It is one object because _fastspan.c reads its attributes directly on every traced call.
@@ -18,7 +18,7 @@ from .groups import GroupBook
 from .recorder import Recorder
 from .slotwriter import SlotWriter, ring_parts, slot_writer
 
-__all__ = ["TraceState", "ThreadState", "env_int"]
+__all__ = ["TraceState", "ThreadState", "recording_thread", "env_int"]
 
 
 class ThreadState:
@@ -35,7 +35,21 @@ class ThreadState:
 
 
 class _PerThread(threading.local):
-    ts: ThreadState | None = None  # a class default, so a new thread reads None instead of raising
+    """``.ts``: this thread's ThreadState, made on the thread's first read (threading.local runs __init__ once in
+    every thread that touches it), so no wrapper ever tests for a missing one."""
+
+    def __init__(self) -> None:
+        self.ts = ThreadState()
+
+
+def recording_thread(st: TraceState) -> ThreadState | None:
+    """The guard every Python wrapper starts with: this thread's state when its call is to be recorded — tracing
+    is on and the thread is not inside a recorded call (``dist.all_reduce`` calls ``ProcessGroup.allreduce``; only
+    the outer one is recorded) — else None, and the wrapper just calls through. _fastspan.c makes the same test."""
+    local = st.tls.ts
+    if local.depth or not st.enabled:
+        return None
+    return local
 
 
 class TraceState(CallInfo, GroupBook, CaptureState):
@@ -90,15 +104,8 @@ class TraceState(CallInfo, GroupBook, CaptureState):
 
     @property
     def local(self) -> ThreadState:
-        """This thread's state (hot paths inline ``st.tls.ts`` instead of this property)."""
-        ts = self.tls.ts
-        if ts is None:
-            ts = self.tls.ts = ThreadState()
-        return ts
-
-    def new_thread(self) -> ThreadState:
-        ts = self.tls.ts = ThreadState()
-        return ts
+        """This thread's state (wrappers read ``st.tls.ts`` through recording_thread instead)."""
+        return self.tls.ts
 
     def new_span(self) -> int:
         """Span ids are unique per ring (a forked child starts its own ring and its own count)."""

@@ -11,7 +11,7 @@ from typing import Any, Callable
 from .fastpath import MODE_SYNC, with_fastpath
 from .slotwriter import C_GRAPH, C_SYNC, ENTER, F_CAPTURING, N32, N64
 from .spans import error_text, finish_wrapper, run_meta_span, run_slot_span
-from .tracestate import ThreadState, TraceState
+from .tracestate import ThreadState, TraceState, recording_thread
 
 __all__ = ["CAPTURE", "make_graph_enter_wrapper", "make_graph_exit_wrapper", "make_capture_wrapper",
            "make_replay_wrapper", "make_sync_wrapper", "make_graphed_callables_wrapper"]
@@ -80,10 +80,8 @@ def make_graph_enter_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callab
     synchronize / capture_begin inside it are not recorded separately."""
 
     def __enter__(self: Any) -> Any:
-        local = st.tls.ts
+        local = recording_thread(st)
         if local is None:
-            local = st.new_thread()
-        if local.depth or not st.enabled:
             return orig(self)
         try:
             graph = getattr(self, "cuda_graph", None)
@@ -127,10 +125,8 @@ def make_capture_wrapper(st: TraceState, which: str, orig: Callable[..., Any]) -
     begin = which == "capture_begin"
 
     def capture(self: Any, *args: Any, **kwargs: Any) -> Any:
-        local = st.tls.ts
-        if local is None:
-            local = st.new_thread()
-        if local.depth or local.in_graph_ctx or not st.enabled:
+        local = recording_thread(st)
+        if local is None or local.in_graph_ctx:
             return orig(self, *args, **kwargs)
         opened = None
         try:
@@ -183,10 +179,8 @@ def make_replay_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callable[..
     nid = [0]
 
     def replay(self: Any, *args: Any, **kwargs: Any) -> Any:
-        local = st.tls.ts
+        local = recording_thread(st)
         if local is None:
-            local = st.new_thread()
-        if local.depth or not st.enabled:
             return orig(self, *args, **kwargs)
         try:
             tid = local.tid
@@ -215,10 +209,8 @@ def make_sync_wrapper(st: TraceState, name: str, orig: Callable[..., Any]) -> Ca
     nid = [0]
 
     def sync(*args: Any, **kwargs: Any) -> Any:
-        local = st.tls.ts
+        local = recording_thread(st)
         if local is None:
-            local = st.new_thread()
-        if local.depth or not st.enabled:
             return orig(*args, **kwargs)
         try:
             tid = local.tid

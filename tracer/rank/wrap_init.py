@@ -9,7 +9,7 @@ import sys
 from typing import Any, Callable
 
 from .spans import arg_positions, error_text, finish_wrapper
-from .tracestate import TraceState
+from .tracestate import TraceState, recording_thread
 
 __all__ = ["make_init_wrapper"]
 
@@ -20,10 +20,8 @@ def make_init_wrapper(st: TraceState, name: str, orig: Callable[..., Any]) -> Ca
     pos = arg_positions(orig)
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        local = st.tls.ts
+        local = recording_thread(st)
         if local is None:
-            local = st.new_thread()
-        if local.depth or not st.enabled:
             return orig(*args, **kwargs)
         span = 0
         nv = None

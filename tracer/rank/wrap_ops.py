@@ -11,7 +11,7 @@ from .nvtx_ranges import range_text
 from .optable import ALWAYS_ASYNC, OP_SPECS, SENDS
 from .slotwriter import CAT, COMMIT, ERROR, F_ASYNC, F_CAPTURING, N32, N64, PACK
 from .spans import arg_positions, error_id, finish_wrapper
-from .tracestate import TraceState
+from .tracestate import TraceState, recording_thread
 
 __all__ = ["Extract", "op_span", "make_op_wrapper", "make_pg_method_wrapper"]
 
@@ -52,10 +52,8 @@ def op_span(st: TraceState, name: str, category: str, orig: Callable[..., Any], 
     commit = COMMIT
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        local = st.tls.ts
+        local = recording_thread(st)
         if local is None:
-            local = st.new_thread()
-        if local.depth or not st.enabled:
             return orig(*args, **kwargs)
         try:
             # the call's arguments

@@ -11,7 +11,7 @@ from typing import Any, Callable
 from .nvtx_ranges import range_text
 from .slotwriter import C_COLL, CAT, ENTER, ERROR, EXIT, F_CAPTURING, N32, N64
 from .spans import error_id, error_text, finish_wrapper, run_meta_span, run_slot_span
-from .tracestate import TraceState
+from .tracestate import TraceState, recording_thread
 
 __all__ = ["make_user_wrapper", "MAX_META_SPANS"]
 
@@ -88,10 +88,8 @@ def _make_async_user_wrapper(st: TraceState, spec: str, qualname: str, category:
     group_of = _bound_group_of(st, spec, qualname, bound) if category == "collective" else None
 
     async def async_hook(*args: Any, **kwargs: Any) -> Any:
-        local = st.tls.ts
+        local = recording_thread(st)
         if local is None:
-            local = st.new_thread()
-        if local.depth or not st.enabled:
             return await orig(*args, **kwargs)
         try:
             tid, parent, span = local.tid, local.span, st.new_span()
@@ -158,10 +156,8 @@ def _slot_span_call(st: TraceState, name: str, cat: int, group_of: Callable[[Any
                     bound: bool, orig: Callable[..., Any], args: tuple, kwargs: dict, frame: Any) -> Any:
     """Call orig inside an enter/exit op-record pair (children parented to it, depth guard left open); with
     `group_of`, in the group of the object it is bound to (args[0]), seq counted per group."""
-    local = st.tls.ts
+    local = recording_thread(st)
     if local is None:
-        local = st.new_thread()
-    if local.depth or not st.enabled:
         return orig(*args, **kwargs)
     try:
         grp = group_of(args[0] if bound and args else None) if group_of is not None else None

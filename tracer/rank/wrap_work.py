@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator
 
 from .slotwriter import C_COLL, C_SYNC, COMPLETE, ENTER, ERROR, EXIT, F_ASYNC, F_CAPTURING, N32, N64
 from .spans import arg_positions, error_id, finish_wrapper
-from .tracestate import ThreadState, TraceState
+from .tracestate import ThreadState, TraceState, recording_thread
 
 __all__ = ["make_wait_wrapper", "make_coalescing_wrapper"]
 
@@ -22,10 +22,8 @@ def make_wait_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callable[...,
     nid = [0]
 
     def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
-        local = st.tls.ts
+        local = recording_thread(st)
         if local is None:
-            local = st.new_thread()
-        if local.depth or not st.enabled:
             return orig(self, *args, **kwargs)
         try:
             tid = local.tid
@@ -92,10 +90,8 @@ def make_coalescing_wrapper(st: TraceState, orig_gen: Callable[..., Iterator[Any
 
     def _coalescing_manager(*args: Any, **kwargs: Any) -> Iterator[Any]:
         gen = orig_gen(*args, **kwargs)
-        local = st.tls.ts
+        local = recording_thread(st)
         if local is None:
-            local = st.new_thread()
-        if local.depth or not st.enabled:
             return (yield from gen)
         try:
             pg = args[gi] if gi < len(args) else kwargs.get("group")
