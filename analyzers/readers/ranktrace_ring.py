@@ -16,6 +16,7 @@ import pyarrow as pa
 from ranktrace.analyzers import schema
 from ranktrace.analyzers.readers.base import ReaderError, ReadResult, Skipped
 from ranktrace.tracer import ringformat as rf
+from ranktrace.tracer.ringreader import RingContents, RingError, read_ring
 
 __all__ = ["FORMAT", "RING_WRAPPED", "sniff", "read", "ring_to_events", "identity_of"]
 
@@ -27,7 +28,7 @@ def sniff(path: Path, head: bytes) -> bool:
     return head.startswith(rf.MAGIC)
 
 
-def identity_of(rc: rf.RingContents) -> dict[str, Any]:
+def identity_of(rc: RingContents) -> dict[str, Any]:
     """Best identity of the ring's process: the last identity record that knew the rank wins."""
     ident: dict[str, Any] = {"rank": None, "world": None}
     for m in rc.meta:
@@ -37,11 +38,11 @@ def identity_of(rc: rf.RingContents) -> dict[str, Any]:
     return ident
 
 
-def _groups(rc: rf.RingContents) -> dict[str, dict[str, Any]]:
+def _groups(rc: RingContents) -> dict[str, dict[str, Any]]:
     return {m["name"]: m for m in rc.meta if m.get("type") == "group" and m.get("name") is not None}
 
 
-def ring_to_events(rc: rf.RingContents, host: str, file: str) -> pa.Table:
+def ring_to_events(rc: RingContents, host: str, file: str) -> pa.Table:
     """All events of one ring as an EVENTS table (slots and meta-region events, in time order)."""
     ident = identity_of(rc)
     rank, world = ident.get("rank"), ident.get("world")
@@ -183,8 +184,8 @@ def _in_time_order(slot_table: pa.Table, slot_t: Any, meta_table: pa.Table) -> p
 def read(path: Path, host: str | None = None) -> ReadResult:
     """Read one ring file into EVENTS (plus a Skipped note for torn records or ops lost to the wrap)."""
     try:
-        rc = rf.read_ring(str(path))
-    except (rf.RingError, OSError) as e:
+        rc = read_ring(str(path))
+    except (RingError, OSError) as e:
         raise ReaderError(path, str(e)) from e
     host = host or rc.host
     skipped: list[Skipped] = []
