@@ -1,9 +1,7 @@
-"""What the wrap_* modules share: running the wrapped call inside a span (ring slots or the meta region), the
-error text a record keeps, and making a wrapper look like what it wraps.
+"""What the wrap_* modules share: the wrapped call inside a span (ring slots or the meta region), the error text a
+record keeps, and a wrapper made to look like what it wraps.
 
-A wrapper returns what the call returns and raises what it raises; ranktrace's own failure turns tracing off
-(TraceState.fail) and never reaches the job. These frames are on a rank's stack during every traced call: the
-analyzers know this file (analyzers/hoststate.py TRACER_FRAME).
+These frames sit on a rank's stack during every traced call: analyzers/hoststate.py TRACER_FRAME knows this file.
 """
 from __future__ import annotations
 
