@@ -4,8 +4,8 @@ What it builds: one host directory written through the real ``tracer.recorder.Re
 so pids differ as in a job), each rank running enter/exit pairs of all_reduce and broadcast alternately on two
 gloo groups ("0" = default_pg, "1" = a second 8-rank group) with per-group seq, interned call sites / dtype /
 shape, an identity record, both group records and init_process_group enter/exit marks — the shape
-``tracer.hooks`` records. It is a hang: the last rank (7 of 8) stops one op early, the others enter one more op
-and never leave it, so the verdict must be ``missing_ranks`` with that rank as the culprit.
+the in-rank wrappers (tracer/rank) record. It is a hang: the last rank (7 of 8) stops one op early, the others enter
+one more op and never leave it, so the verdict must be ``missing_ranks`` with that rank as the culprit.
 
 Two copies are analyzed: ``fin/`` (``tracer.finalize.finalize_host_dir`` -> events.arrow, meta.json with the
 exit of an ``--on-hang kill`` run) and ``live/`` (rings only, no exit: a job still hung). Each is timed with

@@ -69,12 +69,15 @@ def pure_overhead(quick: bool) -> dict[str, float]:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    from ranktrace.tracer.rank import hooks
     from ranktrace.tracer.rank import nvtx_ranges
+    from ranktrace.tracer.rank.fastpath import fastpath_available
     from ranktrace.tracer.rank.recorder import Recorder
+    from ranktrace.tracer.rank.tracestate import TraceState
+    from ranktrace.tracer.rank.wrap_graphs import make_sync_wrapper
+    from ranktrace.tracer.rank.wrap_ops import make_op_wrapper, make_pg_method_wrapper
 
     tmp = tempfile.mkdtemp(prefix="ranktrace-bench-")
-    st = hooks.TraceState(lambda: Recorder(os.path.join(tmp, "bench.ring"), slots=65536), 0, 1)
+    st = TraceState(lambda: Recorder(os.path.join(tmp, "bench.ring"), slots=65536), 0, 1)
     dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:0")
     st.c10d = c10d
     st._world_of = lambda: c10d._world.default_pg
@@ -93,12 +96,12 @@ def pure_overhead(quick: bool) -> dict[str, float]:
 
     glb = {
         "t": torch.ones(1), "pg": pg, "bare_ar": all_reduce, "bare_pg": pg_allreduce, "bare_sync": synchronize,
-        "traced_ar": hooks._make_op_wrapper(st, "all_reduce", all_reduce),
-        "traced_pg": hooks.make_pg_method_wrapper(st, "allreduce", "all_reduce", "collective", 1, None, pg_allreduce),
-        "traced_sync": hooks.make_sync_wrapper(st, "cuda_synchronize", synchronize),
+        "traced_ar": make_op_wrapper(st, "all_reduce", all_reduce),
+        "traced_pg": make_pg_method_wrapper(st, "allreduce", "all_reduce", "collective", 1, None, pg_allreduce),
+        "traced_sync": make_sync_wrapper(st, "cuda_synchronize", synchronize),
         "reader": type(pg)._get_sequence_number_for_group,
     }
-    out: dict[str, float] = {"fastpath": hooks.fastpath_available()}
+    out: dict[str, float] = {"fastpath": fastpath_available()}
     for key in ("ar", "pg", "sync"):  # the pure-Python wrapper: the compiled path's .slow, or the wrapper itself
         glb[f"python_{key}"] = getattr(glb[f"traced_{key}"], "slow", glb[f"traced_{key}"])
     glb["traced_ar"](glb["t"])
@@ -124,7 +127,7 @@ def pure_overhead(quick: bool) -> dict[str, float]:
         domain = object.__new__(nvtx.Domain)
         domain.handle, domain.name, domain.categories = DomainHandle(nvtx_ranges.DOMAIN), nvtx_ranges.DOMAIN, {}
         nv = nvtx_ranges.NvtxRanges(domain)
-        glb.update(nv=nv, text=hooks._nv_text)
+        glb.update(nv=nv, text=nvtx_ranges.range_text)
         out["nvtx_under_tool_seq_text_ns"] = _thread_ns("nv.push(text('all_reduce', '0', 5, None)); nv.pop()", glb,
                                                         number, repeat)
         out["nvtx_under_tool_constant_text_ns"] = _thread_ns("nv.push('cuda_synchronize'); nv.pop()", glb, number,
@@ -138,7 +141,7 @@ def pure_overhead(quick: bool) -> dict[str, float]:
 # --- part 2: all_reduce loops in real processes --------------------------------------------------------------
 def _wrappers_of(dist: Any) -> tuple[Any, Any, Any] | None:
     """(unwrapped all_reduce, compiled wrapper or None, pure-Python wrapper) behind dist.all_reduce in a traced
-    process (tracer.hooks swaps the function in the cell of torch's _exception_logger closure); None if untraced."""
+    process (patch_c10d swaps the function in the cell of torch's _exception_logger closure); None if untraced."""
     for cell in getattr(dist.all_reduce, "__closure__", None) or ():
         inner = cell.cell_contents
         if getattr(inner, "__ranktrace__", False):

@@ -35,7 +35,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 import pyarrow.ipc as ipc  # noqa: E402
 
-from ranktrace.tracer.watch import samplers  # noqa: E402
+from ranktrace.tracer.watch.ring_tail import RingTail  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "tp_job.py"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -63,7 +63,7 @@ def _ranks_known(run_dir: Path, n: int) -> bool:
         return False
     known = 0
     for ring in (hosts[0] / "rings").glob("*.ring"):
-        t = samplers.RingTail(ring)
+        t = RingTail(ring)
         t.update()
         known += t.rank is not None
     return known >= n

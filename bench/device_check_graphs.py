@@ -100,10 +100,11 @@ def run_job(trace_dir: Path, world: int) -> int:
 def read_rings(trace_dir: Path) -> dict[int, dict]:
     sys.path.insert(0, str(REPO))
     from ranktrace.tracer import ringformat as rf
+    from ranktrace.tracer.ringreader import read_ring
 
     out: dict[int, dict] = {}
     for ring in sorted((trace_dir / "host" / "rings").glob("*.ring")):
-        rc = rf.read_ring(str(ring))
+        rc = read_ring(str(ring))
         ident = {}
         for m in rc.meta:
             if m.get("type") == "identity" and m.get("rank") is not None:

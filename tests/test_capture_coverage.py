@@ -167,15 +167,16 @@ def test_async_hook_target_stays_a_coroutine_and_its_span_covers_the_awaits(job)
 
 
 def test_async_generator_targets_are_refused_not_silently_changed(tmp_path: Path):
-    from ranktrace.tracer.rank import hooks
     from ranktrace.tracer.rank.recorder import Recorder
+    from ranktrace.tracer.rank.tracestate import TraceState
+    from ranktrace.tracer.rank.wrap_user import make_user_wrapper
 
     async def stream():  # noqa: ANN202
         yield 1
 
-    st = hooks.TraceState(lambda: Recorder(str(tmp_path / "r.ring"), slots=64), 0, 1)
+    st = TraceState(lambda: Recorder(str(tmp_path / "r.ring"), slots=64), 0, 1)
     with pytest.raises(TypeError, match="async generator"):
-        hooks.make_user_wrapper(st, "m:stream=user", "stream", "user", stream, bound=False)
+        make_user_wrapper(st, "m:stream=user", "stream", "user", stream, bound=False)
 
 
 def events_schema() -> pa.Schema:
@@ -225,9 +226,11 @@ def test_nvtx_ranges_carry_op_group_and_seq(tmp_path: Path):
     the nsys reader parses, constant texts reuse pre-built attributes, and a missing nvtx is noted once."""
     import nvtx
 
-    from ranktrace.tracer.rank import hooks
     from ranktrace.tracer.rank import nvtx_ranges
     from ranktrace.tracer.rank.recorder import Recorder
+    from ranktrace.tracer.rank.tracestate import TraceState
+    from ranktrace.tracer.rank.wrap_graphs import make_sync_wrapper
+    from ranktrace.tracer.rank.wrap_user import make_user_wrapper
 
     notes: list[str] = []
     assert nvtx_ranges.load(notes.append) is None and notes == []  # no tool attached: no per-call cost
@@ -262,14 +265,14 @@ def test_nvtx_ranges_carry_op_group_and_seq(tmp_path: Path):
         def pop(self) -> None:
             self.depth -= 1
 
-    st = hooks.TraceState(lambda: Recorder(str(tmp_path / "r.ring"), slots=64), 0, 1)
+    st = TraceState(lambda: Recorder(str(tmp_path / "r.ring"), slots=64), 0, 1)
     st._nv_loaded = True
     st.nv = seen = Seen()
-    comm = hooks.make_user_wrapper(st, "m:f=collective", "f", "collective", lambda x: x + 1, bound=False)
-    sync = hooks.make_sync_wrapper(st, "cuda_synchronize", lambda: None)
+    comm = make_user_wrapper(st, "m:f=collective", "f", "collective", lambda x: x + 1, bound=False)
+    sync = make_sync_wrapper(st, "cuda_synchronize", lambda: None)
     assert comm(1) == 2 and comm(2) == 3 and sync() is None
     with pytest.raises(ZeroDivisionError):
-        hooks.make_sync_wrapper(st, "event_synchronize", lambda: 1 / 0)()  # popped on the error path too
+        make_sync_wrapper(st, "event_synchronize", lambda: 1 / 0)()  # popped on the error path too
     assert seen.texts == ["f group=hook:f seq=1", "f group=hook:f seq=2", "cuda_synchronize", "event_synchronize"]
     assert seen.depth == 0
 
@@ -296,20 +299,21 @@ def test_untraced_marks_spill_to_op_slots_after_the_first_notes(tmp_path: Path):
     """A DDP loop makes one gap per step: after MAX_GAP_NOTES readable meta records, marks go to op slots (which wrap)
     so the non-wrapping region never fills up."""
     from ranktrace.analyzers.readers import ranktrace_ring
-    from ranktrace.tracer.rank import hooks
+    from ranktrace.tracer.rank.groups import MAX_GAP_NOTES
     from ranktrace.tracer.rank.recorder import Recorder
+    from ranktrace.tracer.rank.tracestate import TraceState
 
-    st = hooks.TraceState(lambda: Recorder(str(tmp_path / "r.ring"), slots=64), 0, 2)
+    st = TraceState(lambda: Recorder(str(tmp_path / "r.ring"), slots=64), 0, 2)
     group = (lambda: None, st.rec.intern("0"), "0", [0, 1], None, True)
-    for i in range(hooks.MAX_GAP_NOTES + 2):
+    for i in range(MAX_GAP_NOTES + 2):
         st.untraced(group, 10 * i, 10 * i + 3, 0, 1)
     st.rec.close()
     rows = [r for r in ranktrace_ring.read(tmp_path / "r.ring").events.to_pylist() if r["name"] == "untraced_ops"]
     meta_rows = [r for r in rows if r["line"] < 0]
     slot_rows = [r for r in rows if r["line"] >= 0]
-    assert len(meta_rows) == hooks.MAX_GAP_NOTES and "jumped from 0 to 3 on group 0" in meta_rows[0]["detail"]
+    assert len(meta_rows) == MAX_GAP_NOTES and "jumped from 0 to 3 on group 0" in meta_rows[0]["detail"]
     assert [(r["kind"], r["group"], r["backend_seq"], r["seq"]) for r in slot_rows] == [
-        ("mark", "0", 10 * hooks.MAX_GAP_NOTES + 3, None), ("mark", "0", 10 * hooks.MAX_GAP_NOTES + 13, None)]
+        ("mark", "0", 10 * MAX_GAP_NOTES + 3, None), ("mark", "0", 10 * MAX_GAP_NOTES + 13, None)]
 
 
 def test_no_capture_begins_while_the_agent_dumps_the_flight_recorder(tmp_path: Path):
@@ -318,16 +322,17 @@ def test_no_capture_begins_while_the_agent_dumps_the_flight_recorder(tmp_path: P
     import threading
     import time as _time
 
-    from ranktrace.tracer.rank import hooks
     from ranktrace.tracer.rank.recorder import Recorder
+    from ranktrace.tracer.rank.tracestate import TraceState
+    from ranktrace.tracer.rank.wrap_graphs import make_capture_wrapper
 
-    st = hooks.TraceState(lambda: Recorder(str(tmp_path / "g.ring"), slots=64), 0, 1)
+    st = TraceState(lambda: Recorder(str(tmp_path / "g.ring"), slots=64), 0, 1)
     began: list[float] = []
 
     class Graph:
         pass
 
-    begin = hooks.make_capture_wrapper(st, "capture_begin", lambda self: began.append(_time.monotonic()))
+    begin = make_capture_wrapper(st, "capture_begin", lambda self: began.append(_time.monotonic()))
     released: list[float] = []
     inside = threading.Event()
 

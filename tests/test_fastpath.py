@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import PY, REPO, SCRIPTS, trace_env
-from ranktrace.tracer.rank import hooks
+from ranktrace.tracer.rank.fastpath import FASTPATH_ERROR, fastpath_available
 from ranktrace.tracer.rank.recorder import Recorder
-from ranktrace.tracer.ringformat import read_ring
+from ranktrace.tracer.rank.tracestate import TraceState
+from ranktrace.tracer.rank.wrap_graphs import make_sync_wrapper
+from ranktrace.tracer.ringreader import read_ring
 
 FIELDS = ("kind", "category", "flags", "peer", "graph_id", "seq", "backend_seq", "nbytes", "span_id",
           "parent_span_id")
@@ -66,7 +68,7 @@ def both(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict, list
 
 def test_the_compiled_path_is_built_and_used():
     """CI compiles it (gcc is there): a silent build failure would leave every other test on the Python path."""
-    assert hooks.FASTPATH_ERROR is None and hooks.fastpath_available()
+    assert FASTPATH_ERROR is None and fastpath_available()
 
 
 def test_fast_and_python_paths_write_the_same_ring(both):
@@ -106,8 +108,8 @@ def test_the_job_ring_holds_what_a_user_would_check(both):
     assert len(gathers) == 2 and not [r for r in named if r["name"] == "all_gather"]  # inner op not doubled
 
 
-def _sync_pair(tmp_path: Path) -> tuple[hooks.TraceState, object, object, list[str]]:
-    st = hooks.TraceState(lambda: Recorder(str(tmp_path / "sync.ring"), slots=256), 0, 1)
+def _sync_pair(tmp_path: Path) -> tuple[TraceState, object, object, list[str]]:
+    st = TraceState(lambda: Recorder(str(tmp_path / "sync.ring"), slots=256), 0, 1)
     calls: list[str] = []
 
     def synchronize(device=None, fail=None):  # noqa: ANN001, ANN202
@@ -116,7 +118,7 @@ def _sync_pair(tmp_path: Path) -> tuple[hooks.TraceState, object, object, list[s
             raise fail
         return device
 
-    return st, hooks.make_sync_wrapper(st, "cuda_synchronize", synchronize), synchronize, calls
+    return st, make_sync_wrapper(st, "cuda_synchronize", synchronize), synchronize, calls
 
 
 def test_sync_wrapper_passes_results_and_exceptions_through_untouched(tmp_path: Path):
@@ -141,7 +143,7 @@ def test_sync_wrapper_passes_results_and_exceptions_through_untouched(tmp_path: 
 
 def test_sync_wrapper_nested_and_disabled_calls_are_not_recorded(tmp_path: Path):
     st, wrapped, orig, _ = _sync_pair(tmp_path)
-    outer = hooks.make_sync_wrapper(st, "stream_synchronize", lambda: [wrapped(), wrapped()])
+    outer = make_sync_wrapper(st, "stream_synchronize", lambda: [wrapped(), wrapped()])
     for _ in range(3):
         outer()
     st.enabled = False
@@ -184,10 +186,10 @@ def test_dynamic_shapes_do_not_fill_the_meta_region(tmp_path: Path, monkeypatch)
     """A serving loop sees a new shape per batch size: past MAX_SHAPES only the rank is written, nbytes stays exact."""
     import torch
 
-    from ranktrace.tracer.rank import state
+    from ranktrace.tracer.rank import callinfo
 
-    monkeypatch.setattr(state, "MAX_SHAPES", 8)  # read where TraceState is defined
-    st = hooks.TraceState(lambda: Recorder(str(tmp_path / "s.ring"), slots=64), 0, 1)
+    monkeypatch.setattr(callinfo, "MAX_SHAPES", 8)  # read where TraceState.tensor is defined
+    st = TraceState(lambda: Recorder(str(tmp_path / "s.ring"), slots=64), 0, 1)
     ids = [st.tensor(torch.empty(n, 3)) for n in range(1, 41)]
     strings = {v: k for k, v in st.rec._strings.items()}
     assert [strings[i[1]] for i in ids[:8]] == [f"[{n}, 3]" for n in range(1, 9)]
@@ -208,8 +210,8 @@ def test_a_traced_function_copies_and_pickles_like_the_function(tmp_path: Path):
     import pickle
     import sys
 
-    st = hooks.TraceState(lambda: Recorder(str(tmp_path / "p.ring"), slots=64), 0, 1)
-    wrapped = hooks.make_sync_wrapper(st, "cuda_synchronize", synchronize)
+    st = TraceState(lambda: Recorder(str(tmp_path / "p.ring"), slots=64), 0, 1)
+    wrapped = make_sync_wrapper(st, "cuda_synchronize", synchronize)
     assert type(wrapped).__name__ == "FastSpan"
     module = sys.modules[__name__]
     saved = module.synchronize
@@ -234,9 +236,9 @@ def test_a_keyboard_interrupt_inside_ranktrace_code_is_the_jobs(tmp_path: Path):
             raise KeyboardInterrupt
         return ticks["n"]
 
-    st = hooks.TraceState(lambda: Recorder(str(tmp_path / "k.ring"), slots=64, clock=clock), 0, 1)
+    st = TraceState(lambda: Recorder(str(tmp_path / "k.ring"), slots=64, clock=clock), 0, 1)
     calls: list[int] = []
-    wrapped = hooks.make_sync_wrapper(st, "cuda_synchronize", lambda: calls.append(1))
+    wrapped = make_sync_wrapper(st, "cuda_synchronize", lambda: calls.append(1))
     for _ in range(2):
         wrapped()
     assert wrapped.fast_calls >= 1 and len(calls) == 2

@@ -93,7 +93,7 @@ def _table(path: Path) -> pa.Table:
 
 
 def test_job_completes_and_the_three_sample_files_have_their_schemas(straggler: TtyRun):
-    from ranktrace.tracer.watch import samplers
+    from ranktrace.tracer.watch.sample_log import SCHEMAS
 
     assert straggler.returncode == 0, straggler.tty[-3000:]
     samples = host_dir(straggler.run_dir) / "samples"
@@ -101,7 +101,7 @@ def test_job_completes_and_the_three_sample_files_have_their_schemas(straggler: 
         "pids"].items()}
     rank_pids = {info["rank"]: p for p, info in pids.items() if info.get("rank") is not None}
     assert sorted(rank_pids) == [0, 1, 2, 3]
-    for name, sch in samplers.SCHEMAS.items():
+    for name, sch in SCHEMAS.items():
         t = _table(samples / f"{name}.arrow")
         assert t.schema.names == sch.names
         assert t.schema.metadata[b"schema"] == f"ranktrace.samples.{name}/1".encode()
@@ -209,10 +209,10 @@ def test_analyze_reads_the_samples(straggler: TtyRun):
 
 def test_a_killed_writer_loses_at_most_the_last_interval(tmp_path: Path):
     from ranktrace.analyzers.readers import ranktrace_samples
-    from ranktrace.tracer.watch import samplers
+    from ranktrace.tracer.watch.sample_log import ArrowStreamLog, PROC_SCHEMA
 
     path = tmp_path / "samples" / "proc.arrow"
-    log = samplers.ArrowStreamLog(path, samplers.PROC_SCHEMA)
+    log = ArrowStreamLog(path, PROC_SCHEMA)
     assert ranktrace_samples.read_table(path)[0].num_rows == 0  # schema on disk before any row
     for i in range(3):
         for j in range(5):
@@ -227,14 +227,14 @@ def test_a_killed_writer_loses_at_most_the_last_interval(tmp_path: Path):
 
 
 def test_ring_tail_follows_a_wrapping_ring(tmp_path: Path):
-    from ranktrace.tracer.watch import samplers
+    from ranktrace.tracer.watch.ring_tail import RingTail
     from ranktrace.tracer.rank.recorder import Recorder
 
     rec = Recorder(str(tmp_path / "4242-x.ring"), slots=64, meta_bytes=1 << 16)
     rec.meta({"type": "identity", "rank": 2, "world": 4})
     rec.meta({"type": "group", "name": "0", "desc": "default_pg", "backend": "gloo", "ranks": [0, 1, 2, 3]})
     name, group = rec.intern("all_reduce"), rec.intern("0")
-    tail = samplers.RingTail(tmp_path / "4242-x.ring")
+    tail = RingTail(tmp_path / "4242-x.ring")
 
     def ops(first: int, last: int) -> None:
         for seq in range(first, last + 1):
@@ -255,7 +255,7 @@ def test_ring_tail_skips_a_slot_the_writer_is_inside(tmp_path: Path, monkeypatch
     """Seqlock: a slot whose commit word changes between the two reads of a range (the writer zeroed it to start
     rewriting) is not applied from the first read's bytes; the next update reads it whole."""
     from ranktrace.tracer import ringformat as rf
-    from ranktrace.tracer.watch import samplers
+    from ranktrace.tracer.watch.ring_tail import RingTail
     from ranktrace.tracer.rank.recorder import Recorder
 
     path = tmp_path / "4243-x.ring"
@@ -264,7 +264,7 @@ def test_ring_tail_skips_a_slot_the_writer_is_inside(tmp_path: Path, monkeypatch
     name, group = rec.intern("all_reduce"), rec.intern("0")
     for seq in (1, 2, 3):
         rec.op("enter", "collective", name, tid=1, group_id=group, seq=seq)
-    tail = samplers.RingTail(path)
+    tail = RingTail(path)
     assert tail.update() and tail.newest == 3 and tail.group_seq == {"0": 3}
     rec.op("enter", "collective", name, tid=1, group_id=group, seq=999)  # index 4, read while being rewritten
     slot4 = rf.META_OFFSET + (1 << 16) + 3 * rf.SLOT_SIZE
@@ -516,7 +516,7 @@ def _fake_child(tmp_path: Path) -> list[str]:
 
 def test_gpu_child_samples_devices_processes_and_xids(tmp_path: Path):
     from ranktrace.analyzers.readers import ranktrace_samples
-    from ranktrace.tracer.watch import samplers
+    from ranktrace.tracer.watch.sample_log import ArrowStreamLog, GPU_SCHEMA
     from ranktrace.tracer.watch.gpu_sampler import GpuSampler
 
     logs: list[str] = []
@@ -538,7 +538,7 @@ def test_gpu_child_samples_devices_processes_and_xids(tmp_path: Path):
     assert [(r["gpu"], r["pid"], r["mem_used"]) for r in rows if r["kind"] == "process"] == [
         (0, 4242, 1 << 30), (1, 4243, 2 << 30)]
     assert [(r["gpu"], r["xid"]) for r in rows if r["kind"] == "xid"] == [(1, 79)]
-    log = samplers.ArrowStreamLog(tmp_path / "samples" / "gpu.arrow", samplers.GPU_SCHEMA)
+    log = ArrowStreamLog(tmp_path / "samples" / "gpu.arrow", GPU_SCHEMA)
     for r in rows:
         log.add(r)
     log.close()

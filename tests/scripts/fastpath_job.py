@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup
 
-hooks = sys.modules["_ranktrace_tracer.rank.hooks"]
+fastpath = sys.modules["_ranktrace_tracer.rank.fastpath"]
 state = sys.modules["_ranktrace_tracer.rank.inject"].state
 raw_allreduce = ProcessGroup.allreduce.__wrapped__  # the unpatched builtin: an op Python-level tracing never sees
 
@@ -70,7 +70,7 @@ def main():
 
     return json.dumps({"all_reduce": counts(dist.all_reduce), "broadcast": counts(dist.broadcast),
                        "barrier": counts(dist.barrier), "ProcessGroup.allreduce": counts(ProcessGroup.allreduce),
-                       "fastpath": hooks.fastpath_available()})
+                       "fastpath": fastpath.fastpath_available()})
 
 
 dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:0")

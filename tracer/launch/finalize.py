@@ -13,7 +13,7 @@ import pyarrow.ipc as ipc
 
 from ranktrace.analyzers import schema
 from ranktrace.analyzers.readers import ranktrace_ring
-from ranktrace.tracer import ringformat as rf
+from ranktrace.tracer.ringreader import RingError, read_ring
 
 __all__ = ["finalize_host_dir", "EVENTS_SCHEMA_VERSION", "write_events"]
 
@@ -21,7 +21,7 @@ EVENTS_SCHEMA_VERSION = "ranktrace.events/1"
 
 
 def write_events(path: Path, table: pa.Table) -> None:
-    """Arrow IPC *file* with the schema version in its metadata (self-describing, DESIGN §3)."""
+    """Arrow IPC *file* with the schema version in its metadata (self-describing)."""
     table = table.replace_schema_metadata({"schema": EVENTS_SCHEMA_VERSION})
     tmp = path.with_name(path.name + ".tmp")
     with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
@@ -40,8 +40,8 @@ def finalize_host_dir(host_dir: Path) -> dict[str, Any]:
     hook_problems: dict[tuple[str, str], dict[str, Any]] = {}
     for ring in sorted((host_dir / "rings").glob("*.ring")):
         try:
-            rc = rf.read_ring(str(ring))
-        except (rf.RingError, OSError) as e:
+            rc = read_ring(str(ring))
+        except (RingError, OSError) as e:
             problems.append(str(e))
             continue
         rel = str(ring.relative_to(host_dir))

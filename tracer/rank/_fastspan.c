@@ -1,9 +1,9 @@
-/* tracer._fastspan: the compiled fast path of tracer.hooks' collective and host-sync wrappers.
+/* _fastspan: the compiled fast path of the collective, ProcessGroup-method and host-sync wrappers (fastpath.py).
  *
- * Why: issue #3 asks for <= 1 us added per traced call. The Python wrapper (tracer.hooks._op_span) costs ~2.4 us
- * on our 2-vCPU machines, ~1.3 us of it bytecode (argument extraction, frame walk, cache lookups) and ~0.5 us the
- * two ring records; no rewrite in Python gets under 1 us. This object does the *common case* of the same wrapper
- * in C and hands everything else to the Python wrapper it was built around ("slow"), which stays the reference:
+ * Why: a traced call should add under a microsecond. The Python wrapper (wrap_ops.op_span) costs ~2.4 us on our
+ * 2-vCPU machines, ~1.3 us of it bytecode (argument extraction, frame walk, cache lookups) and ~0.5 us the two
+ * ring records; no rewrite in Python gets under 1 us. This object does the *common case* of the same wrapper in C
+ * and hands everything else to the Python wrapper it was built around ("slow"), which stays the reference:
  *
  *   - it reads the same caches the Python path fills (TraceState.groups, code_info, tensor_ids, seq, bseq_last)
  *     and never fills them itself: any miss (first call from a call site, a new shape, a new group, no ring yet,
@@ -11,12 +11,13 @@
  *   - it writes the same ring records, with the same seqlock order (commit word 0, fields, commit = index + 1
  *     last, a release store), taking slot indexes and span ids from the same Python counters, so records from both
  *     paths (and from any thread) interleave in one ring;
- *   - it keeps every rule of tracer.hooks: the call's result and exception pass through untouched; a failure of
- *     ranktrace's own code goes to TraceState.fail (tracing off, one line) and the call still runs; the depth guard
- *     and the per-thread span live on the same per-thread object the Python wrappers use.
+ *   - it keeps every rule of the Python wrappers: the call's result and exception pass through untouched; a
+ *     failure of ranktrace's own code goes to TraceState.fail (tracing off, one line) and the call still runs; the
+ *     guard (tracestate.recording_thread: depth and enabled) and the per-thread span live on the same per-thread
+ *     object the Python wrappers use.
  *
  * Not handled here (always the Python wrapper): p2p ops, containers, an open graph capture, an NVTX tool attached.
- * The module imports only on CPython >= 3.11 (PyFrame_GetLasti); elsewhere tracer.hooks runs pure Python.
+ * The module imports only on CPython >= 3.11 (PyFrame_GetLasti); elsewhere the pure-Python wrappers run.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -71,7 +72,7 @@ typedef struct {
     PyObject *orig;     /* the wrapped callable */
     PyObject *name;     /* op name (str) */
     PyObject *tensor_kw; /* keyword of the input tensor, or NULL */
-    PyObject *error_id; /* tracer.hooks._error_id */
+    PyObject *error_id; /* spans.error_id */
     PyObject *groups, *seqs, *last, *code_info, *tensor_ids; /* TraceState's caches (never rebound) */
     PyObject *k_dtype, *k_shape; /* the last (dtype, shape) seen, and its ids: skips hashing the shape */
     long long k_ids[3];
@@ -171,7 +172,7 @@ static inline long long as_ll(PyObject *o, int *err) {
     return v;
 }
 
-/* --- the per-thread object (tracer.hooks._Thread: __slots__ depth, span, tid) ---------------------------------
+/* --- the per-thread object (tracestate.ThreadState: __slots__ depth, span, tid) ---------------------------------
  * Read and written through its slot offsets when it has the layout we learnt (a member-descriptor read costs
  * ~180 instructions, this ~10); any other object goes through ordinary attribute access. */
 static PyTypeObject *thr_type;
@@ -763,7 +764,7 @@ static PyObject *fastspan_new(PyTypeObject *type, PyObject *args, PyObject *kwds
 }
 
 /* Copied and pickled as the function it stands for is: copy/deepcopy return it, pickle stores its name (its
- * __module__ / __qualname__, set by tracer.state._finish), so a job that deep-copies or saves an object holding
+ * __module__ / __qualname__, set by spans.finish_wrapper), so a job that deep-copies or saves an object holding
  * dist.all_reduce or torch.cuda.synchronize behaves as without ranktrace. */
 static PyObject *fastspan_reduce(PyObject *self, PyObject *unused) {
     return PyObject_GetAttrString(self, "__qualname__");
@@ -827,7 +828,7 @@ static PyType_Spec fastspan_spec = {
 
 static struct PyModuleDef moddef = {
     PyModuleDef_HEAD_INIT, "_fastspan",
-    "Compiled fast path of tracer.hooks' collective and sync wrappers (the Python wrappers stay the reference).",
+    "Compiled fast path of the collective and sync wrappers (the Python wrappers stay the reference).",
     -1, NULL,
 };
 

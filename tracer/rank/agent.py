@@ -1,21 +1,9 @@
-"""In-rank responder (DESIGN §1 tracer/agent): all Python stacks and the Flight Recorder, without ptrace.
+"""In-rank responder: all Python stacks of this process and its Flight Recorder, asked over a UNIX socket.
 
-Why: py-spy needs ptrace rights on the rank. Where they are denied (Yama ``ptrace_scope`` >= 1 with py-spy not an
-ancestor of the rank, containers without CAP_SYS_PTRACE) a burst had no stacks at all. And only the rank itself can
-ask torch for its Flight Recorder, whose entries say which NCCL collectives *completed* — what our own EXIT records
-cannot (DESIGN §2).
-
-How: one daemon thread per traced process (named ``ranktrace-agent``, a known poller for the analyzers) blocks in
-``accept()`` on a UNIX socket ``<host dir>/agents/<pid>.sock`` — the GIL is released there, so it costs nothing until
-asked. A burst (tracer.burst) connects, sends ``dump``, and gets one JSON object back: every other thread's stack
-in py-spy's JSON layout (so the py-spy reader reads it), and the Flight Recorder as JSON. Answering needs the GIL
-for a few milliseconds: a main thread blocked inside a collective, ``Work.wait`` or a host sync has released it.
-
-Rules it keeps: never started twice in a process (a forked child starts its own: threads do not survive fork);
-never makes a CUDA call while a graph capture is open (the Flight Recorder dump reads CUDA events when timing is
-on: it is skipped then, and the answer says why); every failure stays inside the agent; the socket is removed at
-exit. Socket paths are bound and reached through ``/proc/self/fd/<dir fd>/`` so a long trace-dir path never
-exceeds the 108-byte limit of a UNIX socket address.
+py-spy needs ptrace rights that containers and Yama often deny, and only the rank itself can ask torch for its
+Flight Recorder (which says which NCCL collectives completed). One daemon thread per process, blocked in
+``accept()`` with the GIL released, so it costs nothing until asked; it never asks the Flight Recorder while a
+graph capture is open.
 """
 from __future__ import annotations
 
@@ -56,7 +44,7 @@ def start(host_dir: Path | str, rank_of: Callable[[], int | None], capture_gate:
           note: Callable[[str], None]) -> bool:
     """Start this process's agent (once per process). `rank_of` is read at each request; `capture_gate()` is a
     context manager held around the Flight Recorder dump that yields True when a CUDA graph capture is open or
-    starting (tracer.state.TraceState.no_capture_starts: no capture can begin while it is held)."""
+    starting (CaptureState.no_capture_starts: no capture can begin while it is held)."""
     global _started_in
     pid = os.getpid()
     if _started_in == pid:

@@ -1,13 +1,7 @@
-"""In-rank start-up: lazy post-import hooks that patch torch only once the job imports it.
+"""In-rank start-up: make the process's TraceState and patch torch only once the job imports it.
 
-Imported by the injected ``sitecustomize`` in every Python process of a traced job (torchrun workers,
-``mp.spawn`` children, subprocesses). Costs about a millisecond: it adds one finder to ``sys.meta_path`` whose
-``find_spec`` is a dict lookup for every other import, and never imports torch itself (+1 s and 200 MiB per
-process). When ``torch.distributed.distributed_c10d`` finishes executing, tracer.hooks patches it in place, before
-``torch.distributed`` re-exports its functions.
-
-The package is loaded under a private name (``_ranktrace_tracer``) by the sitecustomize, so a user module called
-``tracer`` is never shadowed; all imports here are relative.
+Imported by the injected sitecustomize in every Python process of a traced job; never imports torch itself
+(+1 s and 200 MiB per process), so a process that never uses torch.distributed pays about a millisecond.
 """
 from __future__ import annotations
 
@@ -17,11 +11,22 @@ import os
 import sys
 from typing import Any, Callable
 
+from .. import redact
+from .fastpath import FASTPATH_ERROR, fastpath_available
+from .patch_c10d import install_c10d
+from .patch_graphs import install_cuda
+from .patch_pg import install_process_group
+from .patch_user import ENV as HOOKS_ENV
+from .patch_user import UserHooks, parse_env
+from .recorder import DEFAULT_SLOTS, Recorder
+from .tracestate import TraceState
+
 __all__ = ["install", "PostImportFinder", "state"]
 
 C10D = "torch.distributed.distributed_c10d"
 CUDA = "torch.cuda"
 C10D_EXT = "torch._C._distributed_c10d"
+_MAIN_MODULES = ("__main__", "__mp_main__")  # the main script runs through runpy, not a finder
 
 
 class PostImportFinder:
@@ -76,7 +81,7 @@ class PostImportFinder:
 
 
 _warned = False
-state: Any = None  # this process's tracer.hooks.TraceState once install() ran (for debugging and tests)
+state: Any = None  # this process's TraceState once install() ran (for debugging, tests and benchmarks)
 
 
 def _warn_once(msg: str) -> None:
@@ -94,106 +99,106 @@ def _env_int(name: str) -> int | None:
 
 
 def install() -> None:
-    """Set up tracing for this process if RANKTRACE_DIR is set. Never raises."""
+    """Set up tracing for this process if RANKTRACE_DIR is set: the state (its ring is made on first use), a fresh
+    ring in every forked child, exit marks, and the patches, each when its module is imported."""
     trace_dir = os.environ.get("RANKTRACE_DIR")
     if not trace_dir:
         return
-    from . import patch_graphs as graphs
-    from . import hooks
-    from . import patch_pg as pg_hooks
-    from . import recorder
-    from .. import redact
-    from . import patch_user as user_hooks
+    global state
+    setup = _Setup(trace_dir)
+    state = setup.state
+    os.register_at_fork(after_in_child=setup.after_fork_in_child)
+    _record_process_exit(setup.state, setup.user)
+    finder = PostImportFinder({})
+    for name, callback in ((C10D, setup.on_c10d), (CUDA, setup.on_cuda)):
+        if name in sys.modules:
+            callback(sys.modules[name])
+        else:
+            finder.add(name, callback)
+    for name in setup.user.modules():
+        module = sys.modules.get(name)
+        if module is not None:
+            setup.user.on_module(module)
+        elif name not in _MAIN_MODULES:
+            finder.add(name, setup.user.on_module)
+    if finder.targets:
+        sys.meta_path.insert(0, finder)
 
-    rings = os.path.join(trace_dir, "rings")
-    slots = _env_int("RANKTRACE_RING_SLOTS") or recorder.DEFAULT_SLOTS
 
-    def factory() -> recorder.Recorder:
+class _Setup:
+    """What install() wires into the process: the ring factory and the callbacks run as torch is imported."""
+
+    def __init__(self, trace_dir: str) -> None:
+        self.trace_dir = trace_dir
+        self.rings = os.path.join(trace_dir, "rings")
+        self.slots = _env_int("RANKTRACE_RING_SLOTS") or DEFAULT_SLOTS
+        self.state = TraceState(self.new_ring, _env_int("RANK"), _env_int("WORLD_SIZE"))
+        specs, self.bad_hooks = parse_env(os.environ.get(HOOKS_ENV))
+        self.user = UserHooks(self.state, specs, trace_dir)
+        self.state.on_init.append(self.user.retry_pending)
+
+    def new_ring(self) -> Recorder:
+        """The recorder factory (again in a forked child): a ring file of its own, then identity and versions."""
         pid = os.getpid()
         title = " ".join(redact.redact_argv(sys.argv))[:127]
         for attempt in range(100):  # pid reuse across a long job: never overwrite an earlier ring
-            path = os.path.join(rings, f"{pid}.ring" if attempt == 0 else f"{pid}-{attempt}.ring")
+            path = os.path.join(self.rings, f"{pid}.ring" if attempt == 0 else f"{pid}-{attempt}.ring")
             try:
-                rec = recorder.Recorder(path, slots=slots, proctitle=title)
+                rec = Recorder(path, slots=self.slots, proctitle=title)
                 break
             except FileExistsError:
                 continue
         else:
-            raise RuntimeError(f"no free ring file name for pid {pid} in {rings}")
-        state.rec_created(rec)
-        return rec
-
-    global state
-    state = hooks.TraceState(factory, _env_int("RANK"), _env_int("WORLD_SIZE"))
-
-    def rec_created(rec: recorder.Recorder) -> None:
-        state._rec = rec
-        state.identity("env")
+            raise RuntimeError(f"no free ring file name for pid {pid} in {self.rings}")
+        st = self.state
+        st._rec = rec  # before the records below, which read st.rec
+        st.identity("env")
         rec.meta({"type": "versions", **_versions()})
-        if os.environ.get("RANKTRACE_AGENT", "1") != "0":  # a process that records gets a responder (tracer.agent)
+        if os.environ.get("RANKTRACE_AGENT", "1") != "0":  # a process that records gets a responder
             from . import agent
 
-            agent.start(trace_dir, lambda: state.rank, state.no_capture_starts,
-                        lambda detail: state.note("agent", detail))
+            agent.start(self.trace_dir, lambda: st.rank, st.no_capture_starts, lambda detail: st.note("agent", detail))
+        return rec
 
-    state.rec_created = rec_created  # type: ignore[attr-defined]
+    def after_fork_in_child(self) -> None:
+        self.state.reset_after_fork(self.new_ring)
 
-    def on_c10d(module: Any) -> None:
+    def ring_or_off(self) -> Recorder | None:
+        """The ring, made now if needed; None (tracing off, said once) when it cannot be: nothing gets patched."""
         try:
-            rec = state.rec  # create the ring first: if that fails, nothing gets patched at all
+            return self.state.rec
         except Exception as e:
-            state.enabled = False
-            _warn_once(f"cannot write a ring under {rings} ({type(e).__name__}: {e})")
+            self.state.enabled = False
+            _warn_once(f"cannot write a ring under {self.rings} ({type(e).__name__}: {e})")
+            return None
+
+    def on_c10d(self, module: Any) -> None:
+        """torch.distributed.distributed_c10d has executed: patch its functions, ProcessGroup and Work."""
+        rec = self.ring_or_off()
+        if rec is None:
             return
-        how = hooks.install_c10d(state, module)
+        how = install_c10d(self.state, module)
         try:  # ProcessGroup / Work are pybind classes of torch's extension, loaded by now (c10d imports them)
             ext: Any = importlib.import_module(C10D_EXT)
         except Exception:
             ext = None
         if ext is not None:
-            how.update(pg_hooks.install_process_group(state, ext))
-        rec.meta({"type": "hooks", "c10d": how, "fastpath": hooks.fastpath_available(),
-                  "fastpath_error": hooks.FASTPATH_ERROR})
-        for raw, problem in bad:  # malformed RANKTRACE_HOOKS entries (trace run checks --hook itself): said once
-            user.problem(raw, problem)
-        user.retry_pending()
+            how.update(install_process_group(self.state, ext))
+        rec.meta({"type": "hooks", "c10d": how, "fastpath": fastpath_available(), "fastpath_error": FASTPATH_ERROR})
+        for raw, problem in self.bad_hooks:  # malformed RANKTRACE_HOOKS entries (trace run checks --hook itself)
+            self.user.problem(raw, problem)
+        self.user.retry_pending()
 
-    def on_cuda(module: Any) -> None:
-        if not state.enabled:
+    def on_cuda(self, module: Any) -> None:
+        """torch.cuda has executed: patch graph capture/replay and host syncs."""
+        if not self.state.enabled:
             return
-        try:
-            rec = state.rec
-        except Exception as e:
-            state.enabled = False
-            _warn_once(f"cannot write a ring under {rings} ({type(e).__name__}: {e})")
+        rec = self.ring_or_off()
+        if rec is None:
             return
-        _torch_prefix(state)
-        state.load_nvtx()
-        rec.meta({"type": "hooks", "cuda": graphs.install_cuda(state, module)})
-
-    specs, bad = user_hooks.parse_env(os.environ.get(user_hooks.ENV))
-    user = user_hooks.UserHooks(state, specs, trace_dir)
-    state.on_init.append(user.retry_pending)
-
-    def after_fork_in_child() -> None:
-        state.reset_after_fork(factory)
-
-    os.register_at_fork(after_in_child=after_fork_in_child)
-    _record_process_exit(state, user)
-    finder = PostImportFinder({})
-    for name, callback in ((C10D, on_c10d), (CUDA, on_cuda)):
-        if name in sys.modules:
-            callback(sys.modules[name])
-        else:
-            finder.add(name, callback)
-    for name in user.modules():
-        module = sys.modules.get(name)
-        if module is not None:
-            user.on_module(module)
-        elif name not in ("__main__", "__mp_main__"):  # the main script runs through runpy, not a finder
-            finder.add(name, user.on_module)
-    if finder.targets:
-        sys.meta_path.insert(0, finder)
+        _torch_prefix(self.state)
+        self.state.load_nvtx()
+        rec.meta({"type": "hooks", "cuda": install_cuda(self.state, module)})
 
 
 def _torch_prefix(state: Any) -> None:

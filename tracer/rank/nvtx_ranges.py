@@ -1,21 +1,15 @@
 """NVTX ranges for every recorded span, so Nsight Systems timelines carry ranktrace's op names, groups and seqs.
 
-Why this shape:
-* ``nvtx`` (the PyPI package) is imported lazily, in-rank, only once torch.distributed is in use — never
-  ``torch.cuda.nvtx``, which raises on CPU builds. When it cannot be imported in the job's interpreter, tracing goes
-  on without ranges and the ring meta says so once.
-* With no NVTX tool attached (the normal case) ``nvtx.get_domain`` hands back a dummy domain: we then return
-  ``None`` and the wrappers skip NVTX with one ``is None`` test — no per-call cost at all.
-* Under a tool (``nsys profile``), ranges go into the ``ranktrace`` domain with texts like
-  ``all_reduce group=0 seq=5`` (analyzers/readers/nsys_nvtx.py parses the ``group=``/``seq=`` tokens). A constant text
-  reuses one pre-built ``EventAttributes`` (tens of ns); a text that carries a seq is new on every call and costs
-  one registered string (a few hundred ns, only while profiling).
+``nvtx`` is imported lazily, in-rank, once torch.distributed is in use; with no NVTX tool attached, load() returns
+None and the wrappers skip NVTX with one ``is None`` test. Range texts are parsed by analyzers/readers/nsys_nvtx.py.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-__all__ = ["NvtxRanges", "load", "DOMAIN"]
+from .slotwriter import N64
+
+__all__ = ["NvtxRanges", "load", "range_text", "DOMAIN"]
 
 DOMAIN = "ranktrace"
 _CACHE_LIMIT = 4096  # constant texts (no seq) kept as pre-built attributes
@@ -67,3 +61,13 @@ def load(note: Callable[[str], None]) -> NvtxRanges | None:
     except Exception as e:  # an nvtx version with another inside: ranges off, said once
         note(f"nvtx {getattr(nvtx, '__version__', '?')} unusable ({type(e).__name__}: {e}); no NVTX ranges")
         return None
+
+
+def range_text(name: str, gname: str, seq: int, peer: int | None) -> str:
+    """The text of an op's range: ``all_reduce group=0 seq=5`` (``peer=`` for p2p; no seq inside a capture)."""
+    text = f"{name} group={gname}"
+    if seq != N64:
+        text += f" seq={seq}"
+    if peer is not None:
+        text += f" peer={peer}"
+    return text

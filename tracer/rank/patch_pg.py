@@ -1,23 +1,16 @@
-"""Which ProcessGroup and Work methods are patched, and how (the wrappers themselves live in tracer.hooks).
+"""Which ProcessGroup and Work methods are patched, and under which torch.distributed op name.
 
-Why at the class: ``pg.allreduce([t])`` (and ``pg.send``, ``pg.barrier``, ...) never pass through the
-torch.distributed functions that tracer.hooks wraps. The pybind ``ProcessGroup`` class accepts new attributes, so
-each method is replaced by a Python function that calls the original unbound builtin with ``self``; being a plain
-function it binds like any method. dist.all_reduce still calls ``ProcessGroup.allreduce`` inside: the depth guard
-records that op once, at the outer level.
-
-``Work.wait`` is patched the same way: the handle an async op returned is linked (weakly; Work takes no attributes
-but supports weak references) to the op's span, so the wait becomes a child of the op it waits for.
-
-Method names map to the torch.distributed spellings the analyzers compare across ranks (``allreduce`` ->
-``all_reduce``, ``_allgather_base`` -> ``all_gather_into_tensor``); peers passed to ``send``/``recv`` are group
-ranks and are mapped to global ranks for the per-(group, src, dst) seq.
+Patched on the pybind class, so ``pg.allreduce([t])`` and ``work.wait()`` from any caller are recorded; method names
+map to the torch.distributed spellings the analyzers compare across ranks (``_allgather_base`` ->
+``all_gather_into_tensor``). The wrappers are in wrap_ops and wrap_work.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from . import hooks
+from .tracestate import TraceState
+from .wrap_ops import make_pg_method_wrapper
+from .wrap_work import make_wait_wrapper
 
 __all__ = ["PG_METHODS", "install_process_group"]
 
@@ -51,7 +44,7 @@ PG_METHODS: dict[str, tuple[str, str, int | None, int | None]] = {
 }
 
 
-def install_process_group(st: hooks.TraceState, c10d_ext: Any) -> dict[str, str]:
+def install_process_group(st: TraceState, c10d_ext: Any) -> dict[str, str]:
     """Patch ``ProcessGroup`` methods and ``Work.wait`` of ``torch._C._distributed_c10d``. Returns {name: how}."""
     how: dict[str, str] = {}
     pg_cls = getattr(c10d_ext, "ProcessGroup", None)
@@ -60,10 +53,10 @@ def install_process_group(st: hooks.TraceState, c10d_ext: Any) -> dict[str, str]
             how[f"ProcessGroup.{method}"] = _patch(
                 pg_cls, method,
                 lambda orig, m=method, o=op, c=category, ti=tensor_index, pi=peer_index:
-                hooks.make_pg_method_wrapper(st, m, o, c, ti, pi, orig))
+                make_pg_method_wrapper(st, m, o, c, ti, pi, orig))
     work_cls = getattr(c10d_ext, "Work", None)
     if work_cls is not None:
-        how["Work.wait"] = _patch(work_cls, "wait", lambda orig: hooks.make_wait_wrapper(st, orig))
+        how["Work.wait"] = _patch(work_cls, "wait", lambda orig: make_wait_wrapper(st, orig))
     return how
 
 

@@ -1,20 +1,7 @@
-"""``trace run --hook MODULE:QUALNAME[=category]``: record calls of functions ranktrace does not know by itself.
+"""``trace run --hook MODULE:QUALNAME[=category]``: resolve and patch functions ranktrace does not know by itself
+(pynccl communicators, custom all-reduce kernels, a serving engine's phases); the wrappers are in wrap_user.
 
-Why: pynccl communicators, custom all-reduce kernels and serving engines' own phases (weight loading, graph capture
-loops) are invisible to the torch.distributed hooks. Naming them on the command line makes them spans like any
-other: category ``collective`` aligns them across ranks (group = the bound object + qualname, seq per group — see
-tracer.hooks.make_user_wrapper), ``phase`` puts them in the non-wrapping meta region for the analyzer's
-``last_phase``, ``graph``/``sync``/``user`` record them in that category.
-
-The launcher passes the targets in ``RANKTRACE_HOOKS`` (comma-separated, tracer.envplan); each rank patches a target
-right after MODULE finishes importing (tracer.inject's post-import finder), or at once if it is imported already.
-``__main__`` / ``__mp_main__`` targets are tried again when torch.distributed is imported and at each
-``init_process_group`` (the script's own classes exist by then). A target that does not resolve is said once on
-stderr (``[ranktrace] --hook X: ...``, once per job: a marker file in the trace dir) and recorded in the ring meta
-(``hook_problem``, copied into meta.json as ``hook_problems``); the job runs on unchanged.
-
-Module-level functions are replaced in their module: references bound earlier (``from mod import f``) keep calling
-the original; methods are replaced on their class and reach every caller.
+A target that does not resolve is said once per job on stderr and in the ring meta; the job runs on unchanged.
 """
 from __future__ import annotations
 
@@ -25,7 +12,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import hooks
+from .tracestate import TraceState
+from .wrap_user import make_user_wrapper
 
 __all__ = ["ENV", "CATEGORIES", "HookSpec", "SpecError", "parse_spec", "parse_env", "format_env", "UserHooks"]
 
@@ -90,7 +78,7 @@ def parse_env(value: str | None) -> tuple[list[HookSpec], list[tuple[str, str]]]
 class UserHooks:
     """The --hook targets of one process: patched as their modules import, problems reported once."""
 
-    def __init__(self, st: hooks.TraceState, specs: list[HookSpec], trace_dir: str | None) -> None:
+    def __init__(self, st: TraceState, specs: list[HookSpec], trace_dir: str | None) -> None:
         self.st = st
         self.specs = specs
         self.trace_dir = trace_dir
@@ -182,7 +170,7 @@ class _Unresolved(Exception):
     """The target does not name a function or method (yet)."""
 
 
-def _patch_target(st: hooks.TraceState, spec: HookSpec, module: Any) -> str:
+def _patch_target(st: TraceState, spec: HookSpec, module: Any) -> str:
     parts = spec.qualname.split(".")
     owner = module
     for i, part in enumerate(parts[:-1]):
@@ -193,7 +181,7 @@ def _patch_target(st: hooks.TraceState, spec: HookSpec, module: Any) -> str:
     attr = parts[-1]
 
     def make(fn: Callable[..., Any], bound: bool) -> Callable[..., Any]:
-        return hooks.make_user_wrapper(st, spec.text, spec.qualname, spec.category, fn, bound)
+        return make_user_wrapper(st, spec.text, spec.qualname, spec.category, fn, bound)
 
     if isinstance(owner, type):
         raw = None

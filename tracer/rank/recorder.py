@@ -1,13 +1,8 @@
-"""Per-process crash-safe recorder: writes op records into a memory-mapped ring file (layout: tracer.ringformat).
+"""Per-process crash-safe recorder: one memory-mapped ring file (layout: ringformat) that survives SIGKILL of the
+rank and is readable while it runs.
 
-Why this shape: the tracer runs on every collective of a production job, so the per-op path is one
-``itertools.count`` step (atomic under the GIL, so several threads never share a slot) and one ``struct.pack_into``
-into a ``MAP_SHARED`` mapping — no lock, no syscall, nothing to flush, and what was written survives SIGKILL.
-Rare, precious records (identity, groups, strings, init/phase/graph events) go to the non-wrapping meta region under
-a lock so that a serving loop's idle broadcasts can never evict them.
-
-The recorder is created explicitly (tracer.inject) and re-created in a forked child (``os.register_at_fork``),
-so parent and child never write into the same file. The clock is a constructor argument so tests can fake it.
+An op record is one counter step and one ``struct.pack_into`` into a ``MAP_SHARED`` mapping: no lock, no syscall.
+Rare, precious records go to the non-wrapping meta region under a lock, so a serving loop never evicts them.
 """
 from __future__ import annotations
 
@@ -129,7 +124,8 @@ class Recorder:
         return sid
 
     def adopt_strings(self, strings: dict[str, int]) -> None:
-        """Take over another ring's string table with the same ids (a forked child's ring, tracer.hooks)."""
+        """Take over another ring's string table with the same ids (a forked child's ring, see
+        TraceState.reset_after_fork)."""
         for value, sid in sorted(strings.items(), key=lambda kv: kv[1]):
             if sid and value not in self._strings:
                 if self.meta({"type": "str", "id": sid, "v": value}):

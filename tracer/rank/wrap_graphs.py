@@ -1,37 +1,31 @@
-"""Wrappers of CUDA-graph capture / replay, make_graphed_callables and host syncs (tracer.graphs decides
-where they go), and the meta-region span the graph and phase wrappers share.
+"""Wrappers of CUDA-graph capture and replay, make_graphed_callables, and host syncs (patch_graphs decides where
+they go). On NCCL a rank whose collective never completes blocks in a host sync, not in the collective call.
+
+None of them makes a CUDA call: while a capture is open, ranktrace makes none.
 """
 from __future__ import annotations
 
 import sys
 from typing import Any, Callable
 
-from .state import (N32, N64, TraceState, _C_GRAPH, _C_SYNC, _ENTER, _F_CAPTURING, _callsite_text, _finish,
-                    _run_slot_span, error_text)
-from .wrap_ops import _with_fastpath, _MODE_SYNC
+from .fastpath import MODE_SYNC, with_fastpath
+from .slotwriter import C_GRAPH, C_SYNC, ENTER, F_CAPTURING, N32, N64
+from .spans import error_text, finish_wrapper, run_meta_span, run_slot_span
+from .tracestate import ThreadState, TraceState, recording_thread
 
-__all__ = [  # everything, private names included: tracer.hooks re-exports this module whole
-    "CAPTURE", "_open_capture", "_begin_capturing", "_close_capture", "make_graph_enter_wrapper",
-    "make_graph_exit_wrapper", "make_capture_wrapper", "make_replay_wrapper", "make_sync_wrapper",
-    "make_graphed_callables_wrapper", "_meta_span_call",
-]
+__all__ = ["CAPTURE", "make_graph_enter_wrapper", "make_graph_exit_wrapper", "make_capture_wrapper",
+           "make_replay_wrapper", "make_sync_wrapper", "make_graphed_callables_wrapper"]
 
-
-# ============================================================================================================
-# CUDA graphs and host syncs (tracer.graphs decides where these go)
-# ============================================================================================================
 CAPTURE = "cuda_graph_capture"
 
 
 def _open_capture(st: TraceState, graph: Any, frame: Any) -> tuple[int, int, int, Any]:
     """Meta-region enter of a capture span; returns (span, graph id, parent, nvtx)."""
-    local = st.tls.ts
-    if local is None:
-        local = st.new_thread()
+    local = st.local
     gid = st.graph_id(graph)
     span = st.new_span()
     parent = local.span
-    st.meta_event("enter", CAPTURE, "graph", span, local.tid, graph_id=gid, callsite=_callsite_text(st, frame),
+    st.meta_event("enter", CAPTURE, "graph", span, local.tid, graph_id=gid, callsite=st.callsite_text(frame),
                   parent_span_id=parent or None)
     nv = st.nv
     if nv is not None:
@@ -61,7 +55,8 @@ def _close_capture(st: TraceState, span: int, gid: int, parent: int, nv: Any, er
     st.rebaseline(check=False)  # captured collectives moved backend counters; they are not untraced ops
 
 
-def _graph_ctx_call(st: TraceState, local: Any, opened: tuple[int, int, int, Any], call: Callable[[], Any]) -> Any:
+def _graph_ctx_call(st: TraceState, local: ThreadState, opened: tuple[int, int, int, Any],
+                    call: Callable[[], Any]) -> Any:
     """torch.cuda.graph's own __enter__ / __exit__ under the depth guard (its synchronize / capture_begin / end
     inside are not recorded separately); when it raises, the capture span closes as an error and the exception
     goes on unchanged."""
@@ -85,10 +80,8 @@ def make_graph_enter_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callab
     synchronize / capture_begin inside it are not recorded separately."""
 
     def __enter__(self: Any) -> Any:
-        local = st.tls.ts
+        local = recording_thread(st)
         if local is None:
-            local = st.new_thread()
-        if local.depth or not st.enabled:
             return orig(self)
         try:
             graph = getattr(self, "cuda_graph", None)
@@ -96,7 +89,7 @@ def make_graph_enter_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callab
         except Exception as e:
             st.fail(e)
             return orig(self)
-        st.capture_starting()  # first: it may wait out an agent's Flight Recorder dump (see TraceState)
+        st.capture_starting()  # first: it may wait out an agent's Flight Recorder dump (CaptureState)
         try:
             result = _graph_ctx_call(st, local, opened, lambda: orig(self))
             _begin_capturing(st, opened[1], opened[0])
@@ -105,16 +98,14 @@ def make_graph_enter_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callab
             st.capture_started()
         return result
 
-    return _finish(__enter__, orig, name="__enter__")
+    return finish_wrapper(__enter__, orig, name="__enter__")
 
 
 def make_graph_exit_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callable[..., Any]:
     """``torch.cuda.graph.__exit__``: closes the span opened by __enter__ (error kind when capture_end raised)."""
 
     def __exit__(self: Any, *args: Any) -> Any:
-        local = st.tls.ts
-        if local is None:
-            local = st.new_thread()
+        local = st.local
         opened = st.open_captures.pop(("ctx", id(self)), None)
         if opened is None or not st.enabled:
             return orig(self, *args)
@@ -125,7 +116,7 @@ def make_graph_exit_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callabl
             st.fail(e)
         return result
 
-    return _finish(__exit__, orig, name="__exit__")
+    return finish_wrapper(__exit__, orig, name="__exit__")
 
 
 def make_capture_wrapper(st: TraceState, which: str, orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -134,10 +125,8 @@ def make_capture_wrapper(st: TraceState, which: str, orig: Callable[..., Any]) -
     begin = which == "capture_begin"
 
     def capture(self: Any, *args: Any, **kwargs: Any) -> Any:
-        local = st.tls.ts
-        if local is None:
-            local = st.new_thread()
-        if local.depth or local.in_graph_ctx or not st.enabled:
+        local = recording_thread(st)
+        if local is None or local.in_graph_ctx:
             return orig(self, *args, **kwargs)
         opened = None
         try:
@@ -149,7 +138,7 @@ def make_capture_wrapper(st: TraceState, which: str, orig: Callable[..., Any]) -
             st.fail(e)
             return orig(self, *args, **kwargs)
         if begin:
-            st.capture_starting()  # first: it may wait out an agent's Flight Recorder dump (see TraceState)
+            st.capture_starting()  # first: it may wait out an agent's Flight Recorder dump (CaptureState)
         local.depth += 1
         try:
             result = orig(self, *args, **kwargs)
@@ -181,7 +170,7 @@ def make_capture_wrapper(st: TraceState, which: str, orig: Callable[..., Any]) -
                 st.capture_started()
         return result
 
-    return _finish(capture, orig, name=which)
+    return finish_wrapper(capture, orig, name=which)
 
 
 def make_replay_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -190,10 +179,8 @@ def make_replay_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callable[..
     nid = [0]
 
     def replay(self: Any, *args: Any, **kwargs: Any) -> Any:
-        local = st.tls.ts
+        local = recording_thread(st)
         if local is None:
-            local = st.new_thread()
-        if local.depth or not st.enabled:
             return orig(self, *args, **kwargs)
         try:
             tid = local.tid
@@ -203,29 +190,27 @@ def make_replay_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callable[..
             name_id = nid[0] or st.name_id("replay")
             nid[0] = name_id
             cs = st.callsite(sys._getframe(1))
-            rec = (_C_GRAPH, 0, name_id, 0, cs, 0, 0, 0, N32, gid, seq, N64, N64, st.new_span(), local.span, tid)
-            st.put(_ENTER, *rec)
+            rec = (C_GRAPH, 0, name_id, 0, cs, 0, 0, 0, N32, gid, seq, N64, N64, st.new_span(), local.span, tid)
+            st.put(ENTER, *rec)
             nv = st.nv
             if nv is not None:
                 nv.push(f"replay graph={gid} seq={seq}")
         except Exception as e:
             st.fail(e)
             return orig(self, *args, **kwargs)
-        return _run_slot_span(st, local, orig, (self, *args), kwargs, rec, nv, guard=True)
+        return run_slot_span(st, local, orig, (self, *args), kwargs, rec, nv, guard=True)
 
-    return _finish(replay, orig, name="replay")
+    return finish_wrapper(replay, orig, name="replay")
 
 
 def make_sync_wrapper(st: TraceState, name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
     """A host sync (``torch.cuda.synchronize``, ``Stream.synchronize``, ``Event.synchronize``): a span in category
-    sync — on NCCL this is where a rank whose collective never completes actually blocks (DESIGN §2)."""
+    sync — on NCCL this is where a rank whose collective never completes actually blocks."""
     nid = [0]
 
     def sync(*args: Any, **kwargs: Any) -> Any:
-        local = st.tls.ts
+        local = recording_thread(st)
         if local is None:
-            local = st.new_thread()
-        if local.depth or not st.enabled:
             return orig(*args, **kwargs)
         try:
             tid = local.tid
@@ -233,18 +218,18 @@ def make_sync_wrapper(st: TraceState, name: str, orig: Callable[..., Any]) -> Ca
             nid[0] = name_id
             cs = st.callsite(sys._getframe(1))
             capturing = st.capturing_for(tid)
-            flags, graph = (0, N32) if capturing is None else (_F_CAPTURING, capturing)
-            rec = (_C_SYNC, flags, name_id, 0, cs, 0, 0, 0, N32, graph, N64, N64, N64, st.new_span(), local.span, tid)
-            st.put(_ENTER, *rec)
+            flags, graph = (0, N32) if capturing is None else (F_CAPTURING, capturing)
+            rec = (C_SYNC, flags, name_id, 0, cs, 0, 0, 0, N32, graph, N64, N64, N64, st.new_span(), local.span, tid)
+            st.put(ENTER, *rec)
             nv = st.nv
             if nv is not None:
                 nv.push(name)
         except Exception as e:
             st.fail(e)
             return orig(*args, **kwargs)
-        return _run_slot_span(st, local, orig, args, kwargs, rec, nv, guard=True)
+        return run_slot_span(st, local, orig, args, kwargs, rec, nv, guard=True)
 
-    return _finish(_with_fastpath(st, _finish(sync, orig), orig, name, _MODE_SYNC, "sync"), orig)
+    return finish_wrapper(with_fastpath(st, finish_wrapper(sync, orig), orig, name, MODE_SYNC, "sync"), orig)
 
 
 def make_graphed_callables_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -252,49 +237,6 @@ def make_graphed_callables_wrapper(st: TraceState, orig: Callable[..., Any]) -> 
     runs are recorded inside it (depth guard left open)."""
 
     def make_graphed_callables(*args: Any, **kwargs: Any) -> Any:
-        return _meta_span_call(st, "make_graphed_callables", "graph", orig, args, kwargs, sys._getframe(1))
+        return run_meta_span(st, "make_graphed_callables", "graph", orig, args, kwargs, sys._getframe(1))
 
-    return _finish(make_graphed_callables, orig)
-
-
-def _meta_span_call(st: TraceState, name: str, category: str, orig: Callable[..., Any], args: tuple, kwargs: dict,
-                    frame: Any) -> Any:
-    """Call orig inside an enter/exit pair in the meta region (never evicted), children parented to it."""
-    local = st.tls.ts
-    if local is None:
-        local = st.new_thread()
-    if local.depth or not st.enabled:
-        return orig(*args, **kwargs)
-    try:
-        span = st.new_span()
-        parent = local.span
-        st.meta_event("enter", name, category, span, local.tid, callsite=_callsite_text(st, frame),
-                      parent_span_id=parent or None)
-        nv = st.nv
-        if nv is not None:
-            nv.push(name)
-    except Exception as e:
-        st.fail(e)
-        return orig(*args, **kwargs)
-    local.span = span
-    try:
-        result = orig(*args, **kwargs)
-    except BaseException as e:
-        local.span = parent
-        try:
-            if nv is not None:
-                nv.pop()
-            st.meta_event("error", name, category, span, local.tid, error=error_text(e))
-        except Exception as e2:
-            st.fail(e2)
-        raise
-    local.span = parent
-    try:
-        if nv is not None:
-            nv.pop()
-        st.meta_event("exit", name, category, span, local.tid)
-    except Exception as e:
-        st.fail(e)
-    return result
-
-
+    return finish_wrapper(make_graphed_callables, orig)

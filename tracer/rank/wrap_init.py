@@ -1,81 +1,60 @@
-"""Wrappers of init_process_group / new_group / destroy_process_group: recorded in the ring's non-wrapping
-region (a serving loop's idle ops must never evict them), with the backend-counter bookkeeping init needs.
+"""Wrappers of init_process_group / new_group / destroy_process_group: recorded in the ring's meta region (a
+serving loop's idle ops must never evict them), with the backend-counter bookkeeping init calls need.
 
-Separate from ranktrace.tracer.rank.wrap_ops because init calls are not ops: no seq, no fast path, their own ring region.
+Not ops: no seq, no fast path.
 """
 from __future__ import annotations
 
 import sys
 from typing import Any, Callable
 
-from .state import (TraceState, _callsite_text, _finish, _positions, error_text)
+from .spans import arg_positions, error_text, finish_wrapper
+from .tracestate import TraceState, recording_thread
 
-__all__ = ["_make_init_wrapper", "_arg"]  # private names too: tracer.hooks re-exports them
+__all__ = ["make_init_wrapper"]
 
 
-def _make_init_wrapper(st: TraceState, name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+def make_init_wrapper(st: TraceState, name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
     """Recorded in the non-wrapping region. Init calls issue backend ops of their own on existing groups, so the
     counter gap check runs before them and every live group is re-based after them."""
-    pos = _positions(orig)
-
-    def record(kind: str, span: int, extra: dict[str, Any]) -> None:
-        st.meta_event(kind, name, "init", span, st.local.tid, **extra)
+    pos = arg_positions(orig)
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not st.enabled or st.local.depth:
+        local = recording_thread(st)
+        if local is None:
             return orig(*args, **kwargs)
         span = 0
         nv = None
         try:
-            for fn in st.on_init:
+            for fn in st.on_init:  # pending --hook targets: the script's classes exist by now
                 fn()
             span = st.new_span()
-            extra: dict[str, Any] = {"callsite": _callsite_text(st, sys._getframe(1))}
-            if name == "init_process_group":
-                rank, world = _arg(pos, args, kwargs, "rank", -1), _arg(pos, args, kwargs, "world_size", -1)
-                extra.update(backend=str(_arg(pos, args, kwargs, "backend")), rank=rank, world=world)
-                if isinstance(rank, int) and rank >= 0:
-                    st.rank = rank
-                if isinstance(world, int) and world > 0:
-                    st.world = world
-                st.identity("init_args")
-            elif name == "new_group":
-                ranks = _arg(pos, args, kwargs, "ranks")
-                extra.update(ranks=list(ranks) if ranks is not None else None)
-            st.rebaseline(check=True)
-            record("enter", span, extra)
+            extra: dict[str, Any] = {"callsite": st.callsite_text(sys._getframe(1))}
+            _before_init(st, name, pos, args, kwargs, extra)
+            st.meta_event("enter", name, "init", span, local.tid, **extra)
             nv = st.nv
             if nv is not None:
                 nv.push(name)
         except Exception as e:
             st.fail(e)
-        st.local.depth = 1
+        local.depth = 1
         try:
             result = orig(*args, **kwargs)
         except BaseException as e:
-            st.local.depth = 0
+            local.depth = 0
             try:
                 if nv is not None:
                     nv.pop()
-                record("error", span, {"error": error_text(e)})
+                st.meta_event("error", name, "init", span, local.tid, error=error_text(e))
             except Exception as e2:
                 st.fail(e2)
             raise
-        st.local.depth = 0
+        local.depth = 0
         try:
             if nv is not None:
                 nv.pop()
-            if name == "init_process_group":
-                st.rank, st.world = st.c10d.get_rank(), st.c10d.get_world_size()
-                st.identity("init_process_group")
-                st.group(st.c10d.GroupMember.WORLD)
-            elif name == "new_group" and result is not None and result is not st.c10d.GroupMember.NON_GROUP_MEMBER:
-                st.group(result)
-            if name == "destroy_process_group":
-                st.bseq_last.clear()  # groups are gone: never call into a destroyed backend
-            else:
-                st.rebaseline(check=False)
-            record("exit", span, {})
+            _after_init(st, name, result)
+            st.meta_event("exit", name, "init", span, local.tid)
             if name == "init_process_group":
                 for fn in st.on_init:
                     fn()
@@ -83,7 +62,40 @@ def _make_init_wrapper(st: TraceState, name: str, orig: Callable[..., Any]) -> C
             st.fail(e)
         return result
 
-    return _finish(wrapper, orig)
+    return finish_wrapper(wrapper, orig)
+
+
+def _before_init(st: TraceState, name: str, pos: dict[str, int], args: tuple, kwargs: dict,
+                 extra: dict[str, Any]) -> None:
+    """Before the call: the rank and world it was given (into `extra`, what the enter event says about the call),
+    and the counter gap check."""
+    if name == "init_process_group":
+        rank, world = _arg(pos, args, kwargs, "rank", -1), _arg(pos, args, kwargs, "world_size", -1)
+        extra.update(backend=str(_arg(pos, args, kwargs, "backend")), rank=rank, world=world)
+        if isinstance(rank, int) and rank >= 0:
+            st.rank = rank
+        if isinstance(world, int) and world > 0:
+            st.world = world
+        st.identity("init_args")
+    elif name == "new_group":
+        ranks = _arg(pos, args, kwargs, "ranks")
+        extra.update(ranks=list(ranks) if ranks is not None else None)
+    st.rebaseline(check=True)
+
+
+def _after_init(st: TraceState, name: str, result: Any) -> None:
+    """After the call returned: the identity and groups it made, and new counter baselines."""
+    c10d = st.c10d
+    if name == "init_process_group":
+        st.rank, st.world = c10d.get_rank(), c10d.get_world_size()
+        st.identity("init_process_group")
+        st.group(c10d.GroupMember.WORLD)
+    elif name == "new_group" and result is not None and result is not c10d.GroupMember.NON_GROUP_MEMBER:
+        st.group(result)
+    if name == "destroy_process_group":
+        st.bseq_last.clear()  # groups are gone: never call into a destroyed backend
+    else:
+        st.rebaseline(check=False)
 
 
 def _arg(pos: dict[str, int], args: tuple, kwargs: dict, name: str, default: Any = None) -> Any:

@@ -1,72 +1,43 @@
-"""Wrappers of collective / p2p ops (c10d functions and ProcessGroup methods share one span core, with the
-compiled fast path of tracer/_fastspan.c in front of the common call); and install_c10d, which patches them,
-tracer.wrap_work's coalescing wrapper and tracer.wrap_init's init wrappers into torch.distributed.
+"""Wrappers of collective and p2p ops: torch.distributed functions and ProcessGroup methods share one span (the
+reference the compiled fast path must match record for record).
 """
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any, Callable
 
-from .state import (CAT, COALESCING_MANAGER, COMMIT, INIT_OPS, N32, N64, OP_SPECS, PACK, TraceState, _ALWAYS_ASYNC,
-    _ERROR, _F_ASYNC, _F_CAPTURING, _SENDS, _Skip, _error_id, _finish, _positions)
-from .wrap_init import _make_init_wrapper
-from .wrap_work import _make_coalescing_wrapper
+from .fastpath import MODE_FUNCTION, MODE_PG_METHOD, with_fastpath
+from .nvtx_ranges import range_text
+from .optable import ALWAYS_ASYNC, OP_SPECS, SENDS
+from .slotwriter import CAT, COMMIT, ERROR, F_ASYNC, F_CAPTURING, N32, N64, PACK
+from .spans import arg_positions, error_id, finish_wrapper
+from .tracestate import TraceState, recording_thread
 
-__all__ = [  # everything, private names included: tracer.hooks re-exports this module whole
-    "_FastSpan", "_MODE_FUNCTION", "_MODE_PG_METHOD", "_MODE_SYNC", "FASTPATH_ERROR", "FASTPATH_ENV",
-    "fastpath_available", "_with_fastpath", "Extract", "_op_span", "_nv_text", "_make_op_wrapper",
-    "make_pg_method_wrapper", "_swap", "install_c10d",
-]
+__all__ = ["Extract", "op_span", "make_op_wrapper", "make_pg_method_wrapper"]
 
-
-try:  # the compiled fast path of the collective and sync wrappers (tracer/_fastspan.c); optional
-    from ._fastspan import FastSpan as _FastSpan
-    from ._fastspan import MODE_FUNCTION as _MODE_FUNCTION
-    from ._fastspan import MODE_PG_METHOD as _MODE_PG_METHOD
-    from ._fastspan import MODE_SYNC as _MODE_SYNC
-    FASTPATH_ERROR: str | None = None
-except Exception as _e:  # not built here (no compiler, Python < 3.11): the pure-Python wrappers do everything
-    _FastSpan = None
-    _MODE_FUNCTION = _MODE_PG_METHOD = _MODE_SYNC = -1
-    FASTPATH_ERROR = f"{type(_e).__name__}: {_e}"
-FASTPATH_ENV = "RANKTRACE_FASTPATH"  # "0": pure-Python wrappers only (A/B benchmarks, parity tests)
-
-
-def fastpath_available() -> bool:
-    """Whether new wrappers get the compiled fast path (built, and not turned off by RANKTRACE_FASTPATH=0)."""
-    return _FastSpan is not None and os.environ.get(FASTPATH_ENV, "1") != "0"
-
-
-def _with_fastpath(st: TraceState, slow: Callable[..., Any], orig: Callable[..., Any], name: str, mode: int,
-                   category: str, gi: int = -1, ti: int = -1, ai: int = -1, tensor_kw: str | None = None,
-                   always_async: bool = False) -> Callable[..., Any]:
-    """`slow` (a Python wrapper of this module) behind the compiled fast path, when there is one.
-
-    The fast path does the common call itself and passes every other one to `slow` untouched, so `slow` keeps
-    all the semantics (see tracer/_fastspan.c). Indexes are positions in the call's arguments, -1 for none."""
-    if not fastpath_available():
-        return slow
-    try:
-        return _FastSpan(st, slow, orig, name, mode, CAT[category], gi, ti, ai, tensor_kw, always_async, _error_id)
-    except Exception as e:  # never the job's problem: the Python wrapper does the work
-        st.note("fastpath", f"{name}: {type(e).__name__}: {e}")
-        return slow
-
-
-# ============================================================================================================
-# Collective / p2p ops (c10d functions and ProcessGroup methods share one span core)
-# ============================================================================================================
 # extract(args, kwargs) -> (pg or None, tensor-like, global peer or None, group peer or None, async_op)
 Extract = Callable[[tuple, dict], tuple[Any, Any, Any, Any, bool]]
 
 
-def _op_span(st: TraceState, name: str, category: str, orig: Callable[..., Any], extract: Extract, *,
-             p2p: str | None = None, container: bool = False, self_is_pg: bool = False) -> Callable[..., Any]:
+class _Skip(Exception):
+    """Raised while preparing a record when the call must not be recorded (non-member rank)."""
+
+
+def op_span(st: TraceState, name: str, category: str, orig: Callable[..., Any], extract: Extract, *,
+            p2p: str | None = None, container: bool = False, self_is_pg: bool = False) -> Callable[..., Any]:
     """The recording wrapper of one collective/p2p entry point.
 
-    p2p: None for collectives, "send" or "recv" for point-to-point (seq per (group, src, dst)).
+    p2p: None for collectives, "send" or "recv" for point-to-point (seq per (group, src, dst): the k-th send
+    from A to B aligns with B's k-th recv from A).
     container: a span over other recorded ops (batch_isend_irecv): no seq, the depth guard stays open inside.
+    self_is_pg: a ProcessGroup method, whose result is always a Work handle.
+
+    Each call, in order: the guard; the call's arguments (group, tensor, peer, async); its call site; the group
+    and, before the op, the backend counter (a jump = ops we never saw); its channel and seq (none while this
+    thread captures a graph, or for a container); the tensor's ids; the ENTER record; the call itself under the
+    depth guard; the backend counter after (backend_seq) and the EXIT record, or the ERROR record. The call-site
+    walk, the cache hits and both slot writes are inlined here: this runs on every op the compiled path hands
+    back (p2p, the first call from a call site, a capture, an NVTX tool), and each Python call costs ~50 ns.
     """
     cat = CAT[category]
     is_send = p2p == "send"
@@ -81,12 +52,11 @@ def _op_span(st: TraceState, name: str, category: str, orig: Callable[..., Any],
     commit = COMMIT
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        local = st.tls.ts
+        local = recording_thread(st)
         if local is None:
-            local = st.new_thread()
-        if local.depth or not st.enabled:
             return orig(*args, **kwargs)
         try:
+            # the call's arguments
             pg, tens, peer, gpeer, aop = extract(args, kwargs)
             if pg is None:
                 world = st.c10d_world
@@ -94,8 +64,9 @@ def _op_span(st: TraceState, name: str, category: str, orig: Callable[..., Any],
             elif pg is st.non_member:
                 raise _Skip
             tid = local.tid
+            # its call site (CallInfo.callsite's hit path)
             frame = sys._getframe(1)
-            while True:  # st.callsite's hit path, inlined
+            while True:
                 co = frame.f_code
                 ci = code_info.get(id(co))
                 if ci is None or ci[0] is not co:
@@ -112,6 +83,7 @@ def _op_span(st: TraceState, name: str, category: str, orig: Callable[..., Any],
             capturing = st.capturing
             if capturing is not None and tid != st.capture_tid:
                 capturing = None  # another thread's op while a capture is open: not captured
+            # its group, and the backend counter before it
             if pg is None:  # not initialised: the call will raise; record it without a group
                 g = reader = None
                 gid, gname = 0, ""
@@ -123,8 +95,8 @@ def _op_span(st: TraceState, name: str, category: str, orig: Callable[..., Any],
                 if capturing is not None:
                     reader = None  # captured ops move the counter without running; no reads inside a capture
                 elif reader is not None and check and st.capturing is None:
-                    # the backend counter moved since our last op on this group ended: ops we never saw (not while
-                    # another thread captures: its captured ops move the counter; the capture's end rebaselines)
+                    # the counter moved since our last op on this group ended: ops we never saw (not while another
+                    # thread captures: its captured ops move the counter; the capture's end rebaselines)
                     try:
                         before = reader(pg)
                     except Exception:
@@ -132,7 +104,8 @@ def _op_span(st: TraceState, name: str, category: str, orig: Callable[..., Any],
                     prev = last.get(gid)
                     if prev is not None and before is not None and before > prev:
                         st.untraced(g, prev, before, cs, tid)
-            if p2p is not None:
+            # its channel and seq
+            if p2p is not None:  # (group, src, dst), the peer given as a group rank mapped to its global rank
                 if peer is None and gpeer is not None:
                     ranks = g[3] if g is not None else None
                     peer = ranks[gpeer] if ranks and 0 <= gpeer < len(ranks) else gpeer
@@ -140,8 +113,8 @@ def _op_span(st: TraceState, name: str, category: str, orig: Callable[..., Any],
             else:
                 key = gname
             if capturing is not None or container:
-                seq = N64  # ops captured into a graph do not advance seq; replays count per graph (DESIGN §3)
-                flags = _F_CAPTURING if capturing is not None else 0
+                seq = N64  # captured ops do not advance seq; replays count per graph
+                flags = F_CAPTURING if capturing is not None else 0
                 graph = N32 if capturing is None else capturing
             else:
                 seq = seqs.get(key, 0) + 1
@@ -149,7 +122,8 @@ def _op_span(st: TraceState, name: str, category: str, orig: Callable[..., Any],
                 flags = 0
                 graph = N32
             if aop:
-                flags |= _F_ASYNC
+                flags |= F_ASYNC
+            # its tensor (CallInfo.tensor's hit path)
             if tens is None:
                 dt, sh, nb = 0, 0, N64
             else:
@@ -160,6 +134,7 @@ def _op_span(st: TraceState, name: str, category: str, orig: Callable[..., Any],
                     except AttributeError:
                         pass
                 dt, sh, nb = ids if ids is not None else st.tensor(tens)
+            # the ENTER record (slotwriter's put, inlined: commit 0, record, commit idx + 1 last)
             name_id = nid[0] or st.name_id(name)
             nid[0] = name_id
             span = next(st._spans)
@@ -167,7 +142,7 @@ def _op_span(st: TraceState, name: str, category: str, orig: Callable[..., Any],
             peer_i = N32 if peer is None else peer
             ring = st.ring or st.open_ring()
             buf, nxt, base, slots, clock = ring
-            idx = next(nxt)  # tracer.slotwriter's put, inlined: commit 0, record, commit idx + 1 last
+            idx = next(nxt)
             off = base + (idx % slots) * 128
             commit(buf, off, 0)
             pack(buf, off, 0, clock(), tid, 0, cat, flags, 0, name_id, gid, cs, dt, sh, 0, peer_i, graph, seq, N64,
@@ -175,12 +150,13 @@ def _op_span(st: TraceState, name: str, category: str, orig: Callable[..., Any],
             commit(buf, off, idx + 1)
             nv = st.nv
             if nv is not None:
-                nv.push(_nv_text(name, gname, seq, peer))
+                nv.push(range_text(name, gname, seq, peer))
         except _Skip:
             return orig(*args, **kwargs)
         except Exception as e:  # ranktrace's own failure: never the job's
             st.fail(e)
             return orig(*args, **kwargs)
+        # the call
         if check:
             local.depth = 1
         local.span = span
@@ -189,17 +165,11 @@ def _op_span(st: TraceState, name: str, category: str, orig: Callable[..., Any],
         except BaseException as e:
             local.depth = 0
             local.span = parent
-            try:
-                if nv is not None:
-                    nv.pop()
-                last.pop(gid, None)  # an op that failed may or may not have moved the counter
-                st.put(_ERROR, cat, flags, name_id, gid, cs, dt, sh, _error_id(st, e), peer_i, graph, seq, N64, nb,
-                       span, parent, tid)
-            except Exception as e2:
-                st.fail(e2)
+            _op_failed(st, e, nv, cat, flags, name_id, gid, cs, dt, sh, peer_i, graph, seq, nb, span, parent, tid)
             raise
         local.depth = 0
         local.span = parent
+        # the backend counter after it, and the EXIT record
         try:
             if nv is not None:
                 nv.pop()
@@ -228,19 +198,24 @@ def _op_span(st: TraceState, name: str, category: str, orig: Callable[..., Any],
     return wrapper
 
 
-def _nv_text(name: str, gname: str, seq: int, peer: int | None) -> str:
-    text = f"{name} group={gname}"
-    if seq != N64:
-        text += f" seq={seq}"
-    if peer is not None:
-        text += f" peer={peer}"
-    return text
+def _op_failed(st: TraceState, err: BaseException, nv: Any, *rec: Any) -> None:
+    """The op raised: its ERROR record (the caller re-raises the job's exception unchanged). An op that failed
+    may or may not have moved the backend counter: the group's baseline is dropped."""
+    cat, flags, name_id, gid, cs, dt, sh, peer_i, graph, seq, nb, span, parent, tid = rec
+    try:
+        if nv is not None:
+            nv.pop()
+        st.bseq_last.pop(gid, None)
+        st.put(ERROR, cat, flags, name_id, gid, cs, dt, sh, error_id(st, err), peer_i, graph, seq, N64, nb, span,
+               parent, tid)
+    except Exception as e2:
+        st.fail(e2)
 
 
-def _make_op_wrapper(st: TraceState, name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+def make_op_wrapper(st: TraceState, name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
     """A torch.distributed function (all_reduce, send, batch_isend_irecv, ...)."""
     category, tensor_arg, _is_list, peer_args = OP_SPECS[name]
-    pos = _positions(orig)
+    pos = arg_positions(orig)
     big = 1 << 30
     gi = pos.get("group", big)
     ti = pos.get(tensor_arg, big) if tensor_arg else big
@@ -249,7 +224,7 @@ def _make_op_wrapper(st: TraceState, name: str, orig: Callable[..., Any]) -> Cal
     gpname = peer_args[1] if len(peer_args) > 1 else None
     pi = pos.get(pname, big) if pname else big
     gpi = pos.get(gpname, big) if gpname else big
-    always_async = name in _ALWAYS_ASYNC
+    always_async = name in ALWAYS_ASYNC
 
     if name == "batch_isend_irecv":
         li = pos.get("p2p_op_list", 0)
@@ -260,7 +235,7 @@ def _make_op_wrapper(st: TraceState, name: str, orig: Callable[..., Any]) -> Cal
             return pg, None, None, None, True
 
         # a container: each P2POp inside is recorded by the isend/irecv wrappers (peer, per-pair seq) under it
-        return _finish(_op_span(st, name, category, orig, extract_batch, container=True), orig)
+        return finish_wrapper(op_span(st, name, category, orig, extract_batch, container=True), orig)
 
     def extract(args: tuple, kwargs: dict) -> tuple[Any, Any, Any, Any, bool]:
         n = len(args)
@@ -280,20 +255,20 @@ def _make_op_wrapper(st: TraceState, name: str, orig: Callable[..., Any]) -> Cal
         aop = always_async or bool(args[ai] if ai < n else kwargs.get("async_op", False))
         return pg, tens, peer, gpeer, aop
 
-    p2p = None if category != "p2p" else ("send" if name in _SENDS else "recv")
-    slow = _op_span(st, name, category, orig, extract, p2p=p2p)
+    p2p = None if category != "p2p" else ("send" if name in SENDS else "recv")
+    slow = op_span(st, name, category, orig, extract, p2p=p2p)
     if p2p is not None:
-        return _finish(slow, orig)
-    fast = _with_fastpath(st, _finish(slow, orig), orig, name, _MODE_FUNCTION, category,
-                          gi if gi < big else -1, ti if ti < big else -1, ai if ai < big else -1, tensor_arg,
-                          always_async)
-    return _finish(fast, orig)
+        return finish_wrapper(slow, orig)
+    fast = with_fastpath(st, finish_wrapper(slow, orig), orig, name, MODE_FUNCTION, category,
+                         gi if gi < big else -1, ti if ti < big else -1, ai if ai < big else -1, tensor_arg,
+                         always_async)
+    return finish_wrapper(fast, orig)
 
 
 def make_pg_method_wrapper(st: TraceState, method: str, op: str, category: str, tensor_index: int | None,
                            peer_index: int | None, orig: Callable[..., Any]) -> Callable[..., Any]:
     """``ProcessGroup.<method>(self, ...)`` called directly (``pg.allreduce([t])``): recorded under the
-    torch.distributed name `op`, seq shared with the function hooks; inner calls of dist.* stay unrecorded (depth).
+    torch.distributed name `op`, seq shared with the function wrappers; inner calls of dist.* stay unrecorded.
 
     `orig` is the unbound pybind function (called with self); peers passed to send/recv are group ranks."""
 
@@ -306,57 +281,9 @@ def make_pg_method_wrapper(st: TraceState, method: str, op: str, category: str, 
         return (args[0] if n else None), tens, None, gpeer, True
 
     p2p = None if category != "p2p" else ("send" if op == "send" else "recv")
-    wrapper = _finish(_op_span(st, op, category, orig, extract, p2p=p2p, self_is_pg=True), orig, name=method,
-                      qualname=f"ProcessGroup.{method}")
+    wrapper = finish_wrapper(op_span(st, op, category, orig, extract, p2p=p2p, self_is_pg=True), orig, name=method,
+                             qualname=f"ProcessGroup.{method}")
     if p2p is None:
-        wrapper = _with_fastpath(st, wrapper, orig, op, _MODE_PG_METHOD, category,
-                                 ti=-1 if tensor_index is None else tensor_index)
-    return _finish(wrapper, orig, name=method, qualname=f"ProcessGroup.{method}")
-
-
-
-def _swap(module: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> str:
-    """Route `module.name` through a wrapper. Returns how: 'cell' (reaches early-bound refs) or 'attr'."""
-    fn = module.__dict__.get(name)
-    if fn is None:
-        return "absent"
-    if getattr(fn, "__ranktrace__", False):
-        return "done"
-    inner = getattr(fn, "__wrapped__", None)
-    closure = getattr(fn, "__closure__", None) or ()
-    for cell in closure:
-        try:
-            content = cell.cell_contents
-        except ValueError:
-            continue
-        if inner is not None and content is inner and callable(content):
-            if getattr(content, "__ranktrace__", False):
-                return "done"
-            cell.cell_contents = make(content)
-            return "cell"
-    module.__dict__[name] = make(fn)
-    return "attr"
-
-
-def install_c10d(st: TraceState, c10d: Any) -> dict[str, str]:
-    """Patch torch.distributed.distributed_c10d in place. Returns {function: how} for the ring meta."""
-    import torch  # already imported: c10d is being imported
-
-    st.c10d = c10d
-    st.skip_prefixes = st.skip_prefixes + (os.path.dirname(os.path.abspath(torch.__file__)),)
-    st.non_member = getattr(c10d.GroupMember, "NON_GROUP_MEMBER", st.non_member)
-    world = getattr(c10d, "_world", None)
-    if world is not None and hasattr(type(world), "default_pg"):
-        st._world_of = lambda: world.default_pg
-        if hasattr(world, "_default_pg"):  # the property's own storage: read directly on the op path
-            st.c10d_world = world
-    else:
-        st._world_of = lambda: c10d.GroupMember.WORLD
-    st.load_nvtx()
-    how: dict[str, str] = {}
-    for name in OP_SPECS:
-        how[name] = _swap(c10d, name, lambda f, n=name: _make_op_wrapper(st, n, f))
-    for name in INIT_OPS:
-        how[name] = _swap(c10d, name, lambda f, n=name: _make_init_wrapper(st, n, f))
-    how[COALESCING_MANAGER] = _swap(c10d, COALESCING_MANAGER, lambda f: _make_coalescing_wrapper(st, f))
-    return how
+        wrapper = with_fastpath(st, wrapper, orig, op, MODE_PG_METHOD, category,
+                                ti=-1 if tensor_index is None else tensor_index)
+    return finish_wrapper(wrapper, orig, name=method, qualname=f"ProcessGroup.{method}")

@@ -1,5 +1,5 @@
-"""Wrappers of --hook MODULE:QUALNAME[=category] targets (tracer.user_hooks resolves them): collective targets
-aligned per bound object, phases in the meta region, async def targets kept coroutine functions.
+"""Wrappers of ``--hook MODULE:QUALNAME[=category]`` targets (patch_user resolves them): collective targets aligned
+per bound object, phases in the meta region, ``async def`` targets kept coroutine functions.
 """
 from __future__ import annotations
 
@@ -8,20 +8,14 @@ import sys
 import weakref
 from typing import Any, Callable
 
-from .state import (CAT, MAX_META_SPANS, N32, N64, TraceState, _C_COLL, _ENTER, _ERROR, _EXIT, _F_CAPTURING,
-                    _callsite_text, _error_id, _finish, _run_slot_span, error_text)
-from .wrap_ops import _nv_text
-from .wrap_graphs import _meta_span_call
+from .nvtx_ranges import range_text
+from .slotwriter import C_COLL, CAT, ENTER, ERROR, EXIT, F_CAPTURING, N32, N64
+from .spans import error_id, error_text, finish_wrapper, run_meta_span, run_slot_span
+from .tracestate import TraceState, recording_thread
 
-__all__ = [  # everything, private names included: tracer.hooks re-exports this module whole
-    "_GROUP_ATTRS", "make_user_wrapper", "_bound_group_of", "_make_async_user_wrapper", "_user_group",
-    "_slot_span_call",
-]
+__all__ = ["make_user_wrapper", "MAX_META_SPANS"]
 
-
-# ============================================================================================================
-# --hook MODULE:QUALNAME[=category] targets (tracer.user_hooks resolves them)
-# ============================================================================================================
+MAX_META_SPANS = 4096  # --hook phase enter/exit records in the meta region before they spill to op slots
 _GROUP_ATTRS = ("group", "pg", "process_group", "cpu_group", "device_group")
 
 
@@ -44,24 +38,19 @@ def make_user_wrapper(st: TraceState, spec: str, qualname: str, category: str, o
     if category == "phase":
         def phase_hook(*args: Any, **kwargs: Any) -> Any:
             if st.meta_spans >= MAX_META_SPANS:  # a hot "phase": stop spending the non-wrapping region on it
-                return _slot_span_call(st, qualname, CAT["phase"], None, orig, args, kwargs, sys._getframe(1))
+                return _slot_span_call(st, qualname, CAT["phase"], None, False, orig, args, kwargs,
+                                       sys._getframe(1))
             st.meta_spans += 1
-            return _meta_span_call(st, qualname, "phase", orig, args, kwargs, sys._getframe(1))
+            return run_meta_span(st, qualname, "phase", orig, args, kwargs, sys._getframe(1))
 
-        return _finish(phase_hook, orig)
+        return finish_wrapper(phase_hook, orig)
     cat = CAT[category]
-    group_of = _bound_group_of(st, spec, qualname, bound)
+    group_of = _bound_group_of(st, spec, qualname, bound) if cat == C_COLL else None
 
     def user_hook(*args: Any, **kwargs: Any) -> Any:
-        grp = None
-        if cat == _C_COLL and st.enabled and not st.local.depth:
-            try:
-                grp = group_of(args[0] if bound and args else None)
-            except Exception as e:
-                st.fail(e)
-        return _slot_span_call(st, qualname, cat, grp, orig, args, kwargs, sys._getframe(1))
+        return _slot_span_call(st, qualname, cat, group_of, bound, orig, args, kwargs, sys._getframe(1))
 
-    return _finish(user_hook, orig)
+    return finish_wrapper(user_hook, orig)
 
 
 def _bound_group_of(st: TraceState, spec: str, qualname: str, bound: bool) -> Callable[[Any], tuple[int, str]]:
@@ -99,10 +88,8 @@ def _make_async_user_wrapper(st: TraceState, spec: str, qualname: str, category:
     group_of = _bound_group_of(st, spec, qualname, bound) if category == "collective" else None
 
     async def async_hook(*args: Any, **kwargs: Any) -> Any:
-        local = st.tls.ts
+        local = recording_thread(st)
         if local is None:
-            local = st.new_thread()
-        if local.depth or not st.enabled:
             return await orig(*args, **kwargs)
         try:
             tid, parent, span = local.tid, local.span, st.new_span()
@@ -110,7 +97,7 @@ def _make_async_user_wrapper(st: TraceState, spec: str, qualname: str, category:
             if category == "phase" and st.meta_spans < MAX_META_SPANS:
                 st.meta_spans += 1
                 meta = True
-                st.meta_event("enter", qualname, "phase", span, tid, callsite=_callsite_text(st, frame),
+                st.meta_event("enter", qualname, "phase", span, tid, callsite=st.callsite_text(frame),
                               parent_span_id=parent or None)
             else:
                 meta = False
@@ -121,7 +108,7 @@ def _make_async_user_wrapper(st: TraceState, spec: str, qualname: str, category:
                     seq = st.seq.get(gname, 0) + 1
                     st.seq[gname] = seq
                 name_id, cs = st.name_id(qualname), st.callsite(frame)
-                st.put(_ENTER, cat, 0, name_id, gid, cs, 0, 0, 0, N32, N32, seq, N64, N64, span, parent, tid)
+                st.put(ENTER, cat, 0, name_id, gid, cs, 0, 0, 0, N32, N32, seq, N64, N64, span, parent, tid)
         except Exception as e:
             st.fail(e)
             return await orig(*args, **kwargs)
@@ -132,7 +119,7 @@ def _make_async_user_wrapper(st: TraceState, spec: str, qualname: str, category:
                 if meta:
                     st.meta_event("error", qualname, "phase", span, tid, error=error_text(e))
                 else:
-                    st.put(_ERROR, cat, 0, name_id, gid, cs, 0, 0, _error_id(st, e), N32, N32, seq, N64, N64, span,
+                    st.put(ERROR, cat, 0, name_id, gid, cs, 0, 0, error_id(st, e), N32, N32, seq, N64, N64, span,
                            parent, tid)
             except Exception as e2:
                 st.fail(e2)
@@ -141,12 +128,12 @@ def _make_async_user_wrapper(st: TraceState, spec: str, qualname: str, category:
             if meta:
                 st.meta_event("exit", qualname, "phase", span, tid)
             else:
-                st.put(_EXIT, cat, 0, name_id, gid, cs, 0, 0, 0, N32, N32, seq, N64, N64, span, parent, tid)
+                st.put(EXIT, cat, 0, name_id, gid, cs, 0, 0, 0, N32, N32, seq, N64, N64, span, parent, tid)
         except Exception as e:
             st.fail(e)
         return result
 
-    return _finish(async_hook, orig)
+    return finish_wrapper(async_hook, orig)
 
 
 def _user_group(st: TraceState, name: str, spec: str, obj: Any) -> tuple[int, str]:
@@ -165,15 +152,15 @@ def _user_group(st: TraceState, name: str, spec: str, obj: Any) -> tuple[int, st
     return st.rec.intern(name), name
 
 
-def _slot_span_call(st: TraceState, name: str, cat: int, grp: tuple[int, str] | None, orig: Callable[..., Any],
-                    args: tuple, kwargs: dict, frame: Any) -> Any:
-    """Call orig inside an enter/exit op-record pair (children parented to it, depth guard left open)."""
-    local = st.tls.ts
+def _slot_span_call(st: TraceState, name: str, cat: int, group_of: Callable[[Any], tuple[int, str]] | None,
+                    bound: bool, orig: Callable[..., Any], args: tuple, kwargs: dict, frame: Any) -> Any:
+    """Call orig inside an enter/exit op-record pair (children parented to it, depth guard left open); with
+    `group_of`, in the group of the object it is bound to (args[0]), seq counted per group."""
+    local = recording_thread(st)
     if local is None:
-        local = st.new_thread()
-    if local.depth or not st.enabled:
         return orig(*args, **kwargs)
     try:
+        grp = group_of(args[0] if bound and args else None) if group_of is not None else None
         tid = local.tid
         name_id = st.name_id(name)
         cs = st.callsite(frame)
@@ -181,20 +168,20 @@ def _slot_span_call(st: TraceState, name: str, cat: int, grp: tuple[int, str] | 
         parent = local.span
         gid, seq = 0, N64
         capturing = st.capturing_for(tid)
-        flags, graph = (0, N32) if capturing is None else (_F_CAPTURING, capturing)
+        flags, graph = (0, N32) if capturing is None else (F_CAPTURING, capturing)
         if grp is not None:
             gid = grp[0]
             if capturing is None:
                 seq = st.seq.get(grp[1], 0) + 1
                 st.seq[grp[1]] = seq
         rec = (cat, flags, name_id, gid, cs, 0, 0, 0, N32, graph, seq, N64, N64, span, parent, tid)
-        st.put(_ENTER, *rec)
+        st.put(ENTER, *rec)
         nv = st.nv
         if nv is not None:
-            nv.push(_nv_text(name, grp[1], seq, None) if grp is not None else name)
+            nv.push(range_text(name, grp[1], seq, None) if grp is not None else name)
     except Exception as e:
         st.fail(e)
         return orig(*args, **kwargs)
-    return _run_slot_span(st, local, orig, args, kwargs, rec, nv, guard=False)
+    return run_slot_span(st, local, orig, args, kwargs, rec, nv, guard=False)
 
 

@@ -1,15 +1,8 @@
 """A capture burst: everything worth having about a hung job, taken in a few seconds into ``dumps/<timestamp>/``.
 
-Non-blocking py-spy dumps (a blocking dump pauses the rank, and its TP peers stall with it — DESIGN §2), each
-process's threads from /proc (state, wchan, CPU time), and each traced process's own answer through its in-rank
-agent (tracer.agent: Python stacks without ptrace, ``agent-<pid>.json``, and its Flight Recorder,
-``fr-rank<R>-pid<P>.json``), run concurrently so eight ranks cost about as much as one.
-Every capability that is missing (py-spy not installed, ptrace denied, a process gone between discovery and
-sampling) becomes one line in ``problems`` and the burst goes on with what it can get.
-
-When the monitor dumped the stacks a moment ago (the same tick), it hands those dumps in (``dumps``) instead of
-running py-spy again for the same moment. With ``ras_addr`` set, NCCL's RAS service is asked twice (tracer.ras,
-<= 3 s) concurrently with the dumps, and both answers are saved as ``ras.json``/``ras.txt``.
+Non-blocking py-spy dumps (a blocking one pauses the rank and stalls its peers), /proc thread states and each traced
+process's agent answer (stacks, Flight Recorder), run concurrently; whatever cannot be had becomes one line in
+``problems`` and the burst goes on.
 """
 from __future__ import annotations
 
@@ -25,7 +18,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ranktrace.tracer.watch.ras import RasPoll
-    from ranktrace.tracer.watch.samplers import StackDump
+    from ranktrace.tracer.watch.stack_sampler import StackDump
 
 __all__ = ["BurstResult", "capture_burst", "find_pyspy", "proc_threads"]
 
@@ -79,7 +72,7 @@ def proc_threads(pid: int) -> list[dict[str, object]]:
 
 def _dump_one(pyspy: str, pid: int, directory: Path, native: bool, timeout: float
               ) -> tuple[Path | None, str | None, "StackDump"]:
-    from ranktrace.tracer.watch.samplers import pyspy_dump
+    from ranktrace.tracer.watch.stack_sampler import pyspy_dump
 
     d = pyspy_dump(pyspy, pid, native=native, timeout=timeout)
     if d.text is None:

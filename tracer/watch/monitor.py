@@ -1,25 +1,7 @@
 """The watchdog inside `trace run`: notices silence, captures evidence, prints a verdict while the job is hung.
 
-Progress, not utilisation (DESIGN §2). Each second it reads cheap signals — new recorder records in any rank's
-ring, storage I/O, major faults and RSS growth in /proc, GPU memory growth, the process set itself — and it samples
-stacks (non-blocking py-spy) every ``stack_every`` seconds, more often once those signals have been quiet for a
-while: a non-poller thread that is on the CPU outside a known wait, or a stack that changed since the last sample,
-is progress too (a rank computing for minutes writes no records). Our own sampling never counts: py-spy reads
-memory from outside, it does not touch the job's I/O counters.
-
-The same reads are kept as samples (tracer.samplers): the /proc read of each tick is a row of
-``samples/proc.arrow``, each py-spy round is a sample of ``samples/stacks.arrow``, and a child process asks NVML for
-``samples/gpu.arrow`` (tracer.gpu_sampler). Nothing is read twice for the same moment: a burst reuses the dumps
-of its own tick, and its fresh dumps become samples. Each rank's ring is followed incrementally (samplers.RingTail),
-which also feeds the live status line (rank count, last seq per group, quiet time, phase).
-
-Silence = no progress for ``hang_after`` seconds (``startup_hang_after`` until the first collective was recorded:
-loading weights can take minutes). On silence: a burst into ``dumps/<timestamp>/`` (with two NCCL RAS answers when
-a RAS service listens: counts that still move mean NCCL is issuing work, so no hang is reported), then the full
-analysis (``facade.refresh_run``: ``<run>/verdict.json`` and ``report.html``, with the pids alive now handed in),
-one line of who is inside what from it, and the verdict. ``on_hang`` decides what follows:
-``report`` (keep watching, report again only when the picture changes), ``kill`` (terminate the job; `trace run`
-exits 3), ``wait`` (record only). A sampler that fails says so in one line and stops; the watchdog goes on.
+Progress, not utilisation: new ring records, storage I/O, major faults, RSS and GPU memory growth, the process set,
+and (once those are quiet) stacks that move. The same reads are kept as samples/*.arrow; nothing is read twice.
 """
 from __future__ import annotations
 
@@ -103,7 +85,7 @@ def proc_counters(pid: int) -> tuple[int, int, int] | None:
     Not rchar/wchar: those count socket traffic, and a rank polling the rendezvous store inside
     init_process_group (or an NCCL proxy) moves them forever while making no progress at all.
     """
-    from ranktrace.tracer.watch.samplers import ProcSampler
+    from ranktrace.tracer.watch.proc_sampler import ProcSampler
 
     c = ProcSampler(None).sample([pid]).get(pid)
     return None if c is None else (c.io, c.majflt, c.rss_pages)
@@ -130,7 +112,10 @@ class Monitor:
     def __init__(self, run_dir: Path, host_dir: Path, opts: MonitorOptions, *,
                  log: Callable[[str], None], show: Callable[[str], None],
                  clock: Callable[[], float] = time.monotonic) -> None:
-        from ranktrace.tracer.watch import samplers
+        from ranktrace.tracer.watch.proc_sampler import ProcSampler
+        from ranktrace.tracer.watch.ring_tail import RingTail
+        from ranktrace.tracer.watch.sample_log import GPU_SCHEMA, PROC_SCHEMA, STACKS_SCHEMA, ArrowStreamLog
+        from ranktrace.tracer.watch.stack_sampler import StackSampler
 
         self.run_dir, self.host_dir, self.opts = run_dir, host_dir, opts
         self.log, self.show, self.clock = log, show, clock
@@ -138,7 +123,7 @@ class Monitor:
         self.state.last_sample = clock() - opts.interval
         self.kill_requested = False
         self.hang_detected = False
-        self.tails: dict[Path, samplers.RingTail] = {}
+        self.tails: dict[Path, RingTail] = {}
         self.off: set[str] = set()           # samplers switched off after a failure (said once each)
         self.pyspy = burst.find_pyspy()
         self._said_no_pyspy = False
@@ -147,13 +132,13 @@ class Monitor:
         if opts.samples:
             try:
                 d = host_dir / "samples"
-                self.proc_log = samplers.ArrowStreamLog(d / "proc.arrow", samplers.PROC_SCHEMA)
-                self.stack_log = samplers.ArrowStreamLog(d / "stacks.arrow", samplers.STACKS_SCHEMA)
-                self.gpu_log = samplers.ArrowStreamLog(d / "gpu.arrow", samplers.GPU_SCHEMA)
+                self.proc_log = ArrowStreamLog(d / "proc.arrow", PROC_SCHEMA)
+                self.stack_log = ArrowStreamLog(d / "stacks.arrow", STACKS_SCHEMA)
+                self.gpu_log = ArrowStreamLog(d / "gpu.arrow", GPU_SCHEMA)
             except OSError as e:
                 self._fail("samples", e)
-        self.procs = samplers.ProcSampler(self.proc_log)
-        self.stack_sampler = samplers.StackSampler(self.stack_log)
+        self.procs = ProcSampler(self.proc_log)
+        self.stack_sampler = StackSampler(self.stack_log)
         self.gpu: Any = None
         if opts.gpu:
             from ranktrace.tracer.watch.gpu_sampler import GpuSampler
@@ -184,14 +169,15 @@ class Monitor:
         return {t.pid: t.rank for t in self.tails.values() if t.pid}
 
     def _cheap_progress(self) -> bool:
-        from ranktrace.tracer.watch import samplers
+        from ranktrace.tracer.watch.proc_sampler import ProcSampler
+        from ranktrace.tracer.watch.ring_tail import RingTail
 
         moved = False
         st = self.state
         for ring in (self.host_dir / "rings").glob("*.ring"):
             tail = self.tails.get(ring)
             if tail is None:
-                tail = self.tails[ring] = samplers.RingTail(ring)
+                tail = self.tails[ring] = RingTail(ring)
             if tail.update():
                 moved = True
             if tail.newest > 0:
@@ -202,7 +188,7 @@ class Monitor:
         except Exception as e:  # a /proc surprise or a full disk: keep the progress reads, drop the rows
             self._fail("proc", e)
             self.procs.log = None
-            counters = samplers.ProcSampler(None).sample(pids)
+            counters = ProcSampler(None).sample(pids)
         seen = {}
         for pid, c in counters.items():
             seen[pid] = (c.io, c.majflt, c.rss_pages)
@@ -246,16 +232,16 @@ class Monitor:
 
     def sample_stacks(self, trigger: str) -> dict[int, Any]:
         """One non-blocking py-spy round over every rank, recorded in stacks.arrow; {} without py-spy."""
-        from ranktrace.tracer.watch import samplers
+        from ranktrace.tracer.watch.stack_sampler import agent_dumps, dump_all
 
         pids = self.pids()
         if self.pyspy is None and not self._said_no_pyspy:
             self._said_no_pyspy = True
             self.log("py-spy not found or turned off: stack samples come from the in-rank agents only")
-        dumps = samplers.dump_all(self.pyspy, pids) if self.pyspy is not None else {}
+        dumps = dump_all(self.pyspy, pids) if self.pyspy is not None else {}
         unread = [p for p in pids if dumps.get(p) is None or dumps[p].text is None]
         if unread:  # py-spy missing or refused (ptrace): the ranks' own agents answer instead
-            dumps.update({p: d for p, d in samplers.agent_dumps(self.host_dir, unread).items()
+            dumps.update({p: d for p, d in agent_dumps(self.host_dir, unread).items()
                           if d.text is not None or p not in dumps})
         if "stacks" not in self.off:
             try:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ranktrace.tracer import ringformat as rf
+from ranktrace.tracer.ringreader import slot_dtype
 
 __all__ = ["RingTail"]
 
@@ -191,7 +192,7 @@ class RingTail:
         """Apply committed records with index in [first, top) found in `data` (slots from position first)."""
         import numpy as np
 
-        dt = rf.slot_dtype()
+        dt = slot_dtype()
         if self._hdr[1] != dt.itemsize:  # type: ignore[index]
             return
         arr = np.frombuffer(data, dtype=dt, count=len(data) // dt.itemsize)

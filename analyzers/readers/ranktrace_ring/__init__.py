@@ -8,6 +8,7 @@ from pathlib import Path
 from ranktrace.analyzers.readers.base import ColumnMap, ReaderError, ReadResult, Skipped
 from ranktrace.analyzers.readers.ranktrace_ring.events import RING_WRAPPED, identity_of, ring_to_events
 from ranktrace.tracer import ringformat as rf
+from ranktrace.tracer.ringreader import RingError, read_ring
 
 __all__ = ["FORMAT", "FIELD_MAP", "RING_WRAPPED", "sniff", "read", "ring_to_events", "identity_of"]
 
@@ -40,8 +41,8 @@ def sniff(path: Path, head: bytes) -> bool:
 def read(path: Path, host: str | None = None) -> ReadResult:
     """Read one ring file into EVENTS (plus a Skipped note for torn records or ops lost to the wrap)."""
     try:
-        rc = rf.read_ring(str(path))
-    except (rf.RingError, OSError) as e:
+        rc = read_ring(str(path))
+    except (RingError, OSError) as e:
         raise ReaderError(path, str(e)) from e
     host = host or rc.host
     skipped: list[Skipped] = []

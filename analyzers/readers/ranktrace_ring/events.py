@@ -10,13 +10,14 @@ import pyarrow as pa
 
 from ranktrace.analyzers import schema
 from ranktrace.tracer import ringformat as rf
+from ranktrace.tracer.ringreader import RingContents
 
 __all__ = ["RING_WRAPPED", "ring_to_events", "identity_of"]
 
 RING_WRAPPED = "ring_wrapped"  # mark at a wrapped ring's oldest surviving record
 
 
-def identity_of(rc: rf.RingContents) -> dict[str, Any]:
+def identity_of(rc: RingContents) -> dict[str, Any]:
     """Best identity of the ring's process: the last identity record that knew the rank wins."""
     ident: dict[str, Any] = {"rank": None, "world": None}
     for m in rc.meta:
@@ -26,11 +27,11 @@ def identity_of(rc: rf.RingContents) -> dict[str, Any]:
     return ident
 
 
-def _groups(rc: rf.RingContents) -> dict[str, dict[str, Any]]:
+def _groups(rc: RingContents) -> dict[str, dict[str, Any]]:
     return {m["name"]: m for m in rc.meta if m.get("type") == "group" and m.get("name") is not None}
 
 
-def ring_to_events(rc: rf.RingContents, host: str, file: str) -> pa.Table:
+def ring_to_events(rc: RingContents, host: str, file: str) -> pa.Table:
     """All events of one ring as an EVENTS table (slots and meta-region events, in time order)."""
     ident = identity_of(rc)
     rank, world = ident.get("rank"), ident.get("world")
