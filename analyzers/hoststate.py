@@ -31,6 +31,7 @@ _RULES: list[tuple[str, re.Pattern[str]]] = [
         r"cu(da)?EventSynchronize|THPVariable_tolist|THPVariable_item)\b")),
     ("in_collective", re.compile(
         r"distributed_c10d\.py|\b(ProcessGroup\w*|gloo::|c10d::|ncclGroupEnd|ncclAllReduce|Work::wait|"
+        r"P?MPI_\w+|ompi_coll_\w+|mca_(?:pml|coll)_\w+|horovod::\w+|"
         r"_coalescing_manager)\b|\((all_reduce|all_gather\w*|reduce_scatter\w*|broadcast|barrier|all_to_all\w*|"
         r"send|recv|wait)\b")),
     ("idle_loop", re.compile(r"\b(event_loop\w*|_run_once|serve_forever|run_forever|recv_requests|uvicorn)\b")),
@@ -81,9 +82,14 @@ def is_poller(thread_name: str | None, frames: tuple[str, ...] = ()) -> bool:
     return bool(thread_name and _POLLERS.search(thread_name))
 
 
+#: native frames that say nothing about what the thread waits for: unnamed frames of the driver and libc, which
+#: can bury the telling frame (``_local_scalar_dense_cuda``, ``ncclCommInitRank``) a dozen frames deep
+_OPAQUE = re.compile(r"^\?\? \(|^\?\?$|^<unknown function>|^0x[0-9a-f]+ \(")
+
+
 def classify(frames: tuple[str, ...], thread_state: str | None = None) -> str:
-    """Host state of one thread from its innermost frames."""
-    top = frames[:12]
+    """Host state of one thread from its innermost frames (unnamed driver/libc frames skipped)."""
+    top = tuple(f for f in frames[:64] if not _OPAQUE.match(f))[:12]
     for state, pat in _RULES:
         for f in top[:4] if state == "blocked_other" else top:
             if pat.search(f):
