@@ -52,3 +52,45 @@ def kill_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def run_in_pty(args: list[str], cols: int = 80, rows: int = 50, timeout: float = 120,
+               env: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[int, str, str]:
+    """`trace ARGS` with its stderr on a pseudo-terminal `cols` wide (stdout piped, stdin /dev/null): (returncode,
+    everything written to the terminal, stdout). The process group is killed if it outlives `timeout`."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+    import threading
+    import time
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    proc = subprocess.Popen(TRACE + args, stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL,
+                            env=env or trace_env(), cwd=cwd or REPO, start_new_session=True)
+    os.close(slave)
+    out_box: list[bytes] = []
+    reader = threading.Thread(target=lambda: out_box.append(proc.stdout.read()), daemon=True)  # type: ignore
+    reader.start()
+    chunks: list[bytes] = []
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            r, _, _ = select.select([master], [], [], 0.5)
+            if r:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # EIO: every holder of the slave side has gone
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+        proc.wait(timeout=30)
+    finally:
+        kill_group(proc)
+        os.close(master)
+    reader.join(timeout=10)
+    return (proc.returncode, b"".join(chunks).decode("utf-8", "replace"),
+            (out_box[0] if out_box else b"").decode("utf-8", "replace"))

@@ -155,7 +155,7 @@ def test_status_line_is_drawn_in_place_on_a_tty_and_cleared_before_our_lines(str
     assert len(draws) >= 5, tty[-2000:]
     assert len(draws) <= straggler.elapsed + 2  # at most one redraw a second
     assert any("4/4 ranks alive" in d for d in draws), draws[-5:]
-    assert any(re.search(r"\| 0:\d+", d) for d in draws), draws[-5:]     # group "0" (default_pg) and its seq
+    assert any(re.search(r"\| group 0 at seq \d+", d) for d in draws), draws[-5:]  # group "0" (default_pg), its seq
     assert any("quiet" in d and "running" in d for d in draws), draws[-5:]
     last = [ln for ln in tty.replace("\r\n", "\n").split("\n") if "[ranktrace]" in ln][-1]
     assert last.startswith("\r\x1b[K[ranktrace] job exited with status 0") or \
@@ -331,9 +331,11 @@ def test_status_line_rate_and_format():
     quiet.update(lambda w: "x")
     quiet.clear()
     assert quiet.stream.getvalue() == ""
-    assert compact_group("0", {0: 7, 1: 7, 2: 7, 3: 6}) == "0:7 r3:6"
+    assert compact_group("0", {0: 7, 1: 7, 2: 7, 3: 6}) == "group 0 at seq 7, rank 3 at 6"
+    assert compact_group("tp", {0: 9, 1: 8, 2: 9, 3: 8, 4: 7, 5: 9}) == "group tp at seq 9, ranks 1,3 at 8, rank 4 at 7"
+    assert compact_group("0", {}) == "group 0: no op yet"
     text = format_status(3, 4, 4, {"0": {0: 7, 1: 7, 2: 7}}, 12.4, "running")
-    assert text == "[ranktrace] 3/4 ranks alive | 0:7 | quiet 12s | running"
+    assert text == "[ranktrace] 3/4 ranks alive | group 0 at seq 7 | quiet 12s | running"
     assert format_status(0, 0, None, {}, 2, "starting") == "[ranktrace] no rank yet | quiet 2s | starting"
 
 
