@@ -351,5 +351,85 @@ def compare(a: Path, b: Path, as_json: bool) -> None:
     click.echo(_json.dumps(c.to_dict(), indent=2, default=str) if as_json else compare_text.render(c))
 
 
+def _analyze_for_tables(run: Path) -> Analysis:
+    """The analysis `trace export` and `trace sql` read their tables from (a bad input: one line, exit 2)."""
+    from ranktrace.analyzers import facade
+    from ranktrace.tracer.watch import live
+
+    try:
+        return facade.analyze([run], liveness=live.liveness([run] if run.is_dir() else []))
+    except facade.InputError as e:
+        _err(str(e))
+        sys.exit(EXIT_USAGE)
+
+
+@main.command(name="export")
+@click.argument("run", type=click.Path(exists=True, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["parquet", "duckdb", "csv"]), default="parquet", show_default=True,
+              help="parquet and csv: one file per table; duckdb: one ranktrace.duckdb (needs the sql extra).")
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Directory for the tables (default RUN/export/); files already there are never overwritten.")
+@_one_line_errors
+def export_cmd(run: Path, fmt: str, out_dir: Path | None) -> None:
+    """Write a run's tables for any tool: ops (rank x channel x seq: issued / returned / completed), spans (one row
+    per call with its duration and outcome), stacks, samples_stacks / samples_proc / samples_gpu, phases, events."""
+    from ranktrace.analyzers import export
+
+    if fmt == "duckdb":
+        try:
+            export.duckdb_module()
+        except export.NoDuckDB as e:
+            _err(f"--format duckdb: {e}")
+            sys.exit(EXIT_USAGE)
+    tables = export.run_tables(_analyze_for_tables(run))
+    target = out_dir or ((run if run.is_dir() else run.parent) / "export")
+    try:
+        paths = export.write(tables, target, fmt)
+    except FileExistsError as e:
+        _err(f"{e} exists: not overwritten (choose another --output)")
+        sys.exit(EXIT_USAGE)
+    except OSError as e:
+        _err(f"cannot write into {target}: {e.strerror or e}")
+        sys.exit(EXIT_USAGE)
+    for name, p in zip(tables, paths) if fmt != "duckdb" else ((", ".join(tables), paths[0]),):
+        click.echo(f"{p}" + (f"  ({tables[name].num_rows} rows)" if name in tables else f"  (tables: {name})"))
+
+
+@main.command(name="sql")
+@click.argument("run", type=click.Path(exists=True, path_type=Path))
+@click.argument("query")
+@click.option("--csv", "as_csv", is_flag=True, help="Print the result as CSV instead of an aligned table.")
+@_one_line_errors
+def sql_cmd(run: Path, query: str, as_csv: bool) -> None:
+    """Query a run's tables with DuckDB, e.g. trace sql RUN "SELECT rank, count(*) FROM spans GROUP BY rank".
+    Tables: ops, spans, stacks, samples_stacks, samples_proc, samples_gpu, phases, events (see trace export).
+    Needs DuckDB: pip install 'ranktrace[sql]'."""
+    from ranktrace.analyzers import export
+
+    try:
+        export.duckdb_module()
+    except export.NoDuckDB as e:
+        _err(f"trace sql needs DuckDB, which is not installed: {export.DUCKDB_HINT}")
+        del e
+        sys.exit(EXIT_USAGE)
+    tables = export.run_tables(_analyze_for_tables(run))
+    try:
+        result = export.sql(tables, query)
+    except Exception as e:  # DuckDB's own message for a bad query: one line
+        msg = " ".join(str(e).split())
+        _err(f"query failed: {type(e).__name__}: {msg}")
+        sys.exit(EXIT_USAGE)
+    if as_csv:
+        import io
+
+        import pyarrow.csv as pcsv
+
+        buf = io.BytesIO()
+        pcsv.write_csv(export._csv_ready(result), buf)
+        click.echo(buf.getvalue().decode(), nl=False)
+    else:
+        click.echo(export.table_text(result), nl=False)
+
+
 if __name__ == "__main__":
     main()

@@ -1,4 +1,5 @@
-"""Read ranktrace's periodic samples (``<run>/<host>/samples/{stacks,proc,gpu}.arrow``) into the common tables.
+"""Read ranktrace's periodic samples (``<run>/<host>/samples/{stacks,proc,gpu}.arrows``, Arrow IPC streams; the
+``.arrow`` name runs before this one used is read alike) into the common tables.
 
 Why: the monitor samples every rank's stacks, /proc threads and GPUs while the job runs (tracer.samplers). Those
 samples say what a burst cannot: whether a stack kept changing before the hang, how long a thread has sat in the
@@ -109,7 +110,7 @@ def read_host(host_dir: Path, *, host: str | None = None, with_stacks: bool = Tr
     results: list[ReadResult] = []
     skipped: list[Skipped] = []
     host = host or host_dir.name
-    for f in sorted((host_dir / "samples").glob("*.arrow")):
+    for f in sorted(p for p in (host_dir / "samples").glob("*.arrow*") if p.suffix in (".arrows", ".arrow")):
         try:
             results.append(read(f, host=host, with_stacks=with_stacks))
         except ReaderError as e:

@@ -8,8 +8,8 @@ is progress too (a rank computing for minutes writes no records). Our own sampli
 memory from outside, it does not touch the job's I/O counters.
 
 The same reads are kept as samples (tracer.samplers): the /proc read of each tick is a row of
-``samples/proc.arrow``, each py-spy round is a sample of ``samples/stacks.arrow``, and a child process asks NVML for
-``samples/gpu.arrow`` (tracer.gpu_sampler). Nothing is read twice for the same moment: a burst reuses the dumps
+``samples/proc.arrows``, each py-spy round is a sample of ``samples/stacks.arrows``, and a child process asks NVML
+for ``samples/gpu.arrows`` (tracer.gpu_sampler). Nothing is read twice for the same moment: a burst reuses the dumps
 of its own tick, and its fresh dumps become samples. Each rank's ring is followed incrementally (samplers.RingTail),
 which also feeds the live status line (rank count, last seq per group, quiet time, phase).
 
@@ -152,9 +152,11 @@ class Monitor:
         if opts.samples:
             try:
                 d = host_dir / "samples"
-                self.proc_log = samplers.ArrowStreamLog(d / "proc.arrow", samplers.PROC_SCHEMA)
-                self.stack_log = samplers.ArrowStreamLog(d / "stacks.arrow", samplers.STACKS_SCHEMA)
-                self.gpu_log = samplers.ArrowStreamLog(d / "gpu.arrow", samplers.GPU_SCHEMA)
+                # Arrow IPC *streams* (flushed as they go): named .arrows, as Arrow names streams, so that a reader
+                # does not take them for IPC files (pyarrow.ipc.open_stream / DuckDB's read_arrow, not open_file)
+                self.proc_log = samplers.ArrowStreamLog(d / "proc.arrows", samplers.PROC_SCHEMA)
+                self.stack_log = samplers.ArrowStreamLog(d / "stacks.arrows", samplers.STACKS_SCHEMA)
+                self.gpu_log = samplers.ArrowStreamLog(d / "gpu.arrows", samplers.GPU_SCHEMA)
             except OSError as e:
                 self._fail("samples", e)
         self.procs = samplers.ProcSampler(self.proc_log)
