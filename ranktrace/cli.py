@@ -194,13 +194,28 @@ def _refresh_after_run(run_dir: Path, presenter: object | None) -> Analysis | No
     return analysis
 
 
-def _write_picture(out: Path, kind: str, result: Analysis, **kw: object) -> bool:
+def _picture_inputs(renderer: object, result: Analysis) -> dict[str, object]:
+    """What a renderer takes besides the analysis: Perfetto draws the run's samples (counters, every stack sample)."""
+    from ranktrace.analyzers.report import perfetto_report
+
+    if renderer is not perfetto_report:
+        return {}
+    from ranktrace.analyzers import export
+
+    try:
+        return {"samples": export.sample_tables(result)}
+    except Exception as e:  # the samples are extra: the timeline is drawn without them
+        _err(f"samples left out of the timeline: {type(e).__name__}: {e}")
+        return {}
+
+
+def _write_picture(out: Path, kind: str, result: Analysis) -> bool:
     """Write one rendering (perfetto | html) of `result` to a new file `out`; a failure is one line (False)."""
     from ranktrace.analyzers.report import html_report, perfetto_report
 
     renderer = {"perfetto": perfetto_report, "html": html_report}[kind]
     try:
-        text = renderer.render(result, **kw)  # type: ignore[arg-type]
+        text = renderer.render(result, **_picture_inputs(renderer, result))  # type: ignore[arg-type]
     except Exception as e:  # a bug of ours in a picture: one line; the verdict still comes
         _err(f"{out} not written (a ranktrace bug, please report): {type(e).__name__}: {e}")
         return False
@@ -263,7 +278,7 @@ def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None, html_
         if out is None:
             continue
         try:
-            text = renderer.render(result)
+            text = renderer.render(result, **_picture_inputs(renderer, result))
         except Exception as e:  # a bug of ours in a picture: one line; the verdict below still comes
             _err(f"{out} not written (a ranktrace bug, please report): {type(e).__name__}: {e}")
             continue

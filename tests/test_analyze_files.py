@@ -361,7 +361,7 @@ def test_cli_exit_codes_and_json(tmp_path: Path):
                          capture_output=True, text=True, env=trace_env())
     trace = json.loads(out.read_text())
     slices = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
-    assert any(e["name"].endswith("(open)") and e["pid"] == 1 for e in slices)  # the range that never closed
+    assert any(e["name"].endswith("(never returned)") and e["pid"] == 1 for e in slices)  # the range never closed
     assert any(e.get("ph") == "s" for e in trace["traceEvents"])  # flow arrows join the same op across ranks
     page = tmp_path / "r.html"
     res = subprocess.run(TRACE + ["analyze", "--html", str(page), str(SCEN / "nsys_open_range")],

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["Span", "Mark", "SpanSet", "pair_spans", "span_table", "SPAN_COLUMNS"]
+__all__ = ["Span", "Mark", "SpanSet", "pair_spans", "span_table", "SPAN_COLUMNS", "as_of"]
 
 _COLUMNS = ("rank", "pid", "tid", "kind", "name", "category", "group", "seq", "span_id", "callsite", "error",
             "capturing", "peer", "file", "detail", "source")
@@ -233,3 +233,29 @@ def _foreign_spans(rows: pa.Table, sch: pa.Schema) -> pa.Table:
         pa.field("end_wall_ns", pa.int64()), pa.field("error", pa.string()), pa.field("_closer", pa.string()),
         pa.field("completed", pa.bool_())]
     return _finish(pa.Table.from_pylist(out, schema=pa.schema(fields)), sch)
+
+
+def as_of(analysis: Any, clock: str) -> int | None:
+    """The moment the verdict speaks for, on `clock`: the latest record or stack sample (the watchdog's burst
+    samples the hung ranks), the moment a live job was seen alive, or — for a job that ended with calls still
+    open — its end. A call that never returned is drawn until then: a hang of minutes is minutes long."""
+    times: list[int] = []
+    ev = analysis.events
+    if ev.num_rows and clock in ev.schema.names:
+        t = pc.max(ev[clock]).as_py()
+        if t is not None:
+            times.append(t)
+    st = analysis.stacks
+    if st.num_rows and clock in st.schema.names:
+        t = pc.max(st[clock]).as_py()
+        if t is not None:
+            times.append(t)
+    if clock == "wall_ns":
+        job = analysis.job
+        if job.state == "running" and analysis.liveness is not None:
+            times.append(int(analysis.liveness.checked_at * 1e9))
+        elif job.ended and analysis.open_rows:
+            end = max((h.meta or {}).get("end_wall_ns") or 0 for h in analysis.hosts) if analysis.hosts else 0
+            if end:
+                times.append(int(end))
+    return max(times) if times else None
