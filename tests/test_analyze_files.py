@@ -191,6 +191,7 @@ def test_every_scenario_verdict_round_trips_and_renders():
     from html.parser import HTMLParser
 
     from ranktrace.analyzers.report import html_report, json_report, perfetto_report, text_report
+    from ranktrace.analyzers.report.words import plain
     from ranktrace.analyzers.verdict import Verdict
 
     class Tags(HTMLParser):
@@ -214,14 +215,14 @@ def test_every_scenario_verdict_round_trips_and_renders():
         again = Verdict.from_dict(json.loads(json_report.render(v)))
         assert again == v, d
         text = text_report.render(v)
-        assert text.splitlines()[0].startswith(v.status.upper()) and v.summary[:40] in text.replace("\n", " ")
+        assert text.splitlines()[0].startswith(v.status.upper()) and plain(v.summary)[:40] in text.replace("\n", " ")
         for f in v.findings:
             assert f.evidence, (d, f)
         page = html_report.render(result)
         tags = Tags()
         tags.feed(page)
         assert tags.open == [], (d, tags.open)  # every element closed: the page is well formed
-        assert f"{v.status.upper()} · {v.kind}" in page and html.escape(v.summary) in page, d
+        assert f"{v.status.upper()} · {v.kind}" in page and html.escape(plain(v.summary)) in page, d
         json.loads(perfetto_report.render(result))
 
 
