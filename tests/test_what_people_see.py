@@ -26,7 +26,7 @@ import pytest
 from tests.helpers import EXAMPLE, PY, REPO, TRACE, count_colour, host_dir, kill_group, png_rgb, trace_env
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-STATUS_DRAW = re.compile(r"\r\x1b\[K(\[ranktrace\] [^\r\n]*)\r")
+STATUS_DRAW = re.compile(r"\r\x1b\[K(\[ranktrace\] [^\r\n]*)\r(?!\n)")  # a draw, not one of our lines
 COLS = 80
 
 
