@@ -100,6 +100,8 @@ def test_terminal_verdict_once_in_the_terminals_width_colour_and_words(hung: Hun
     lines = hung.screen.split("\n")
     heads = [i for i, ln in enumerate(lines) if ln.startswith("HANG · missing_ranks")]
     assert len(heads) == 1, hung.screen[-4000:]          # printed once, at the hang
+    early = [i for i, ln in enumerate(lines) if "s silent: ranks 0-2 in all_reduce group 0 seq 5" in ln]
+    assert len(early) == 1 and early[0] < heads[0]       # the one-line picture first, then the verdict
     assert hung.screen.count("merged stacks (outermost first):") == 1
     assert sum(ln.startswith("operation: ") for ln in lines) == 1
     # in colour on a terminal: the headline bold red

@@ -142,11 +142,12 @@ def _slices(tr: _Trace, spans: pa.Table, v: Verdict, start_col: str, end_col: st
         tid = r["tid"] or 0
         tr.threads.setdefault((r["rank"], tid), f"thread {tid}")
         ts = tr.us(r[start_col])
-        args: dict[str, Any] = {"group": r["group"], "seq": r["seq"], "callsite": r["callsite"],
-                                "outcome": r["outcome"], "source": r["source"]}
-        for k in ("peer", "error"):
+        args: dict[str, Any] = {"outcome": r["outcome"]}
+        for k in ("group", "seq", "callsite", "peer", "error"):  # only what the call has: the file stays small
             if r[k] is not None:
                 args[k] = r[k]
+        if r["source"] != "events":
+            args["source"] = r["source"]
         if r["capturing"]:
             args["capturing"] = True
         if r["completed"]:
