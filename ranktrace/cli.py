@@ -138,14 +138,24 @@ def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll
     except Exception as e:  # the job's status must come through whatever happens to us
         _err(f"could not finalize the trace in {outcome.host_dir}: {type(e).__name__}: {e}")
     presenter = outcome.presenter
-    if analyze or perfetto is not None:  # the verdict at the hang was printed: now only what changed since
+    analysis: Analysis | None = None
+    if analyze:  # the verdict at the hang was printed: now only what changed since
         analysis = _refresh_after_run(outcome.run_dir, presenter)
         if (outcome.run_dir / "report.html").exists():
             _err(f"the verdict with a timeline of every rank: {outcome.run_dir / 'report.html'}")
-        if perfetto is not None and analysis is not None:
-            _write_picture(perfetto, "perfetto", analysis)
     elif presenter is not None:
         presenter.flush_notes()
+    if perfetto is not None:
+        if analysis is None:  # --no-analyze: analyzed for the picture only, nothing written into the run
+            try:
+                from ranktrace.analyzers import facade
+                from ranktrace.tracer.watch import live
+
+                analysis = facade.analyze([outcome.run_dir], liveness=live.liveness([outcome.run_dir]))
+            except Exception as e:
+                _err(f"{perfetto} not written: analysis failed: {type(e).__name__}: {e}")
+        if analysis is not None and _write_picture(perfetto, "perfetto", analysis):
+            _err(f"the timeline for ui.perfetto.dev: {perfetto}")
     if outcome.killed_on_hang:
         _err(f"hang detected and the job terminated (--on-hang kill): exit code 3 is ranktrace's "
              f"({launcher.describe_exit(outcome.returncode).split(';')[0]}); trace in {outcome.run_dir}")
