@@ -69,7 +69,21 @@ def _check_hooks(_ctx: click.Context, _param: click.Parameter, values: tuple[str
     return tuple(out)
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+class _RunCommand(click.Command):
+    """`trace run`'s options end at `--` or at the first word that is not an option (the command): everything from
+    there on is the job's, verbatim. A mistyped option before that is an unknown option (exit 2), never a command."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as e:
+            hint = f" (did you mean {e.possibilities[0]}?)" if e.possibilities else ""
+            raise click.UsageError(
+                f"unknown option {e.option_name} for trace run{hint}; the command to run goes after `--`: "
+                f"trace run [OPTIONS] -- CMD ARGS...", ctx) from None
+
+
+@main.command(cls=_RunCommand, context_settings={"allow_interspersed_args": False})
 @click.option("-o", "--output", "output", type=click.Path(path_type=Path), default=None,
               help="Run directory to create (default traces/<timestamp>-<name>/). Never overwritten.")
 @click.option("--name", default=None, help="Name used in the default run directory.")
@@ -88,16 +102,24 @@ def _check_hooks(_ctx: click.Context, _param: click.Parameter, values: tuple[str
 @click.option("--hook", "hook_targets", multiple=True, metavar="MODULE:QUALNAME[=CATEGORY]", callback=_check_hooks,
               help="Also record calls of this function or method (repeatable). CATEGORY: phase, collective, graph, "
                    "sync or user (default). collective: aligned across ranks by object and call count.")
+@click.option("--perfetto", type=click.Path(path_type=Path), default=None,
+              help="Also write the run's timeline as Chrome-trace JSON (open in ui.perfetto.dev) when it ends; an "
+                   "existing file is refused before the job starts.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll: bool, analyze: bool,
         hang_after: float, startup_hang_after: float, on_hang: str, native_stacks: bool, monitor: bool,
-        hook_targets: tuple[str, ...], command: tuple[str, ...]) -> None:
-    """Run COMMAND with every rank traced: trace run [OPTIONS] -- CMD ARGS..."""
+        hook_targets: tuple[str, ...], perfetto: Path | None, command: tuple[str, ...]) -> None:
+    """Run COMMAND with every rank traced: trace run [OPTIONS] -- CMD ARGS...
+
+    Options end at `--` or at the first word that is not an option; from there on everything is the command's."""
     from ranktrace.tracer.launch import finalize
     from ranktrace.tracer.launch import launcher
     from ranktrace.tracer.launch import meta
     from ranktrace.tracer.watch.monitor import MonitorOptions
 
+    if perfetto is not None and perfetto.exists():  # nothing a user has is ever overwritten: said before the job
+        _err(f"{perfetto} exists: not overwritten (choose another path)")
+        sys.exit(EXIT_USAGE)
     opts = launcher.RunOptions(command=tuple(command), out=output, name=name, nccl_debug=nccl_debug,
                                nccl_coll=nccl_coll, hooks=hook_targets)
     mon = MonitorOptions(hang_after=hang_after, startup_hang_after=max(startup_hang_after, hang_after),
@@ -115,10 +137,25 @@ def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll
                          hook_problems=fin.get("hook_problems", []))
     except Exception as e:  # the job's status must come through whatever happens to us
         _err(f"could not finalize the trace in {outcome.host_dir}: {type(e).__name__}: {e}")
-    if analyze:  # after --on-hang kill the hang report was already printed: only refresh verdict.json/report.html
-        _refresh_after_run(outcome.run_dir, show=not outcome.killed_on_hang)
+    presenter = outcome.presenter
+    analysis: Analysis | None = None
+    if analyze:  # the verdict at the hang was printed: now only what changed since
+        analysis = _refresh_after_run(outcome.run_dir, presenter)
         if (outcome.run_dir / "report.html").exists():
             _err(f"the verdict with a timeline of every rank: {outcome.run_dir / 'report.html'}")
+    elif presenter is not None:
+        presenter.flush_notes()
+    if perfetto is not None:
+        if analysis is None:  # --no-analyze: analyzed for the picture only, nothing written into the run
+            try:
+                from ranktrace.analyzers import facade
+                from ranktrace.tracer.watch import live
+
+                analysis = facade.analyze([outcome.run_dir], liveness=live.liveness([outcome.run_dir]))
+            except Exception as e:
+                _err(f"{perfetto} not written: analysis failed: {type(e).__name__}: {e}")
+        if analysis is not None and _write_picture(perfetto, "perfetto", analysis):
+            _err(f"the timeline for ui.perfetto.dev: {perfetto}")
     if outcome.killed_on_hang:
         _err(f"hang detected and the job terminated (--on-hang kill): exit code 3 is ranktrace's "
              f"({launcher.describe_exit(outcome.returncode).split(';')[0]}); trace in {outcome.run_dir}")
@@ -140,17 +177,70 @@ def _refresh(run_dir: Path) -> Analysis:
 
 def _show_verdict(verdict: Verdict, as_json: bool, err: bool = False) -> None:
     from ranktrace.analyzers.report import json_report, text_report
+    from ranktrace.tracer.watch.presenter import terminal_style
 
-    click.echo(json_report.render(verdict) if as_json else text_report.render(verdict), err=err)
+    if as_json:
+        click.echo(json_report.render(verdict), err=err)
+        return
+    width, color = terminal_style(click.get_text_stream("stderr" if err else "stdout"))
+    click.echo(text_report.render(verdict, width, color), err=err, nl=False, color=color)
 
 
-def _refresh_after_run(run_dir: Path, show: bool = True) -> None:
+def _refresh_after_run(run_dir: Path, presenter: object | None) -> Analysis | None:
+    """verdict.json and report.html at the end of `trace run`; the verdict printed, or only what changed since the
+    watchdog printed it at the hang (tracer.watch.presenter)."""
+    from ranktrace.tracer.watch.presenter import Presenter
+
     try:
         analysis = _refresh(run_dir)
-        if show:
-            _show_verdict(analysis.verdict, as_json=False, err=True)
     except Exception as e:
         _err(f"analysis failed: {type(e).__name__}: {e}")
+        return None
+    p = presenter if isinstance(presenter, Presenter) else Presenter(sys.stderr)
+    try:
+        p.final(analysis.verdict)
+    except Exception as e:
+        _err(f"report failed: {type(e).__name__}: {e}")
+    return analysis
+
+
+def _picture_inputs(renderer: object, result: Analysis) -> dict[str, object]:
+    """What a renderer takes besides the analysis: Perfetto draws the run's samples (counters, every stack sample)."""
+    from ranktrace.analyzers.report import perfetto_report
+
+    if renderer is not perfetto_report:
+        return {}
+    from ranktrace.analyzers import export
+
+    try:
+        return {"samples": export.sample_tables(result)}
+    except Exception as e:  # the samples are extra: the timeline is drawn without them
+        _err(f"samples left out of the timeline: {type(e).__name__}: {e}")
+        return {}
+
+
+def _write_picture(out: Path, kind: str, result: Analysis) -> bool:
+    """Write one rendering (perfetto | html) of `result` to a new file `out`; a failure is one line (False)."""
+    from ranktrace.analyzers.report import html_report, perfetto_report
+
+    renderer = {"perfetto": perfetto_report, "html": html_report}[kind]
+    try:
+        text = renderer.render(result, **_picture_inputs(renderer, result))  # type: ignore[arg-type]
+    except Exception as e:  # a bug of ours in a picture: one line; the verdict still comes
+        _err(f"{out} not written (a ranktrace bug, please report): {type(e).__name__}: {e}")
+        return False
+    try:
+        # "x": never over a file that appeared meanwhile; undecodable file names in the text are escaped
+        with open(out, "x", encoding="utf-8", errors="backslashreplace") as f:
+            try:
+                f.write(text)
+            except OSError:
+                out.unlink(missing_ok=True)  # ours, half written (disk full): not left to block a rerun
+                raise
+    except OSError as e:
+        _err(f"cannot write {out}: {e.strerror or e}")
+        return False
+    return True
 
 
 @main.command()
@@ -198,7 +288,7 @@ def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None, html_
         if out is None:
             continue
         try:
-            text = renderer.render(result)
+            text = renderer.render(result, **_picture_inputs(renderer, result))
         except Exception as e:  # a bug of ours in a picture: one line; the verdict below still comes
             _err(f"{out} not written (a ranktrace bug, please report): {type(e).__name__}: {e}")
             continue
@@ -284,6 +374,86 @@ def compare(a: Path, b: Path, as_json: bool) -> None:
         _err(str(e))
         sys.exit(EXIT_USAGE)
     click.echo(_json.dumps(c.to_dict(), indent=2, default=str) if as_json else compare_text.render(c))
+
+
+def _analyze_for_tables(run: Path) -> Analysis:
+    """The analysis `trace export` and `trace sql` read their tables from (a bad input: one line, exit 2)."""
+    from ranktrace.analyzers import facade
+    from ranktrace.tracer.watch import live
+
+    try:
+        return facade.analyze([run], liveness=live.liveness([run] if run.is_dir() else []))
+    except facade.InputError as e:
+        _err(str(e))
+        sys.exit(EXIT_USAGE)
+
+
+@main.command(name="export")
+@click.argument("run", type=click.Path(exists=True, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["parquet", "duckdb", "csv"]), default="parquet", show_default=True,
+              help="parquet and csv: one file per table; duckdb: one ranktrace.duckdb (needs the sql extra).")
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Directory for the tables (default RUN/export/); files already there are never overwritten.")
+@_one_line_errors
+def export_cmd(run: Path, fmt: str, out_dir: Path | None) -> None:
+    """Write a run's tables for any tool: ops (rank x channel x seq: issued / returned / completed), spans (one row
+    per call with its duration and outcome), stacks, samples_stacks / samples_proc / samples_gpu, phases, events."""
+    from ranktrace.analyzers import export
+
+    if fmt == "duckdb":
+        try:
+            export.duckdb_module()
+        except export.NoDuckDB as e:
+            _err(f"--format duckdb: {e}")
+            sys.exit(EXIT_USAGE)
+    tables = export.run_tables(_analyze_for_tables(run))
+    target = out_dir or ((run if run.is_dir() else run.parent) / "export")
+    try:
+        paths = export.write(tables, target, fmt)
+    except FileExistsError as e:
+        _err(f"{e} exists: not overwritten (choose another --output)")
+        sys.exit(EXIT_USAGE)
+    except OSError as e:
+        _err(f"cannot write into {target}: {e.strerror or e}")
+        sys.exit(EXIT_USAGE)
+    for name, p in zip(tables, paths) if fmt != "duckdb" else ((", ".join(tables), paths[0]),):
+        click.echo(f"{p}" + (f"  ({tables[name].num_rows} rows)" if name in tables else f"  (tables: {name})"))
+
+
+@main.command(name="sql")
+@click.argument("run", type=click.Path(exists=True, path_type=Path))
+@click.argument("query")
+@click.option("--csv", "as_csv", is_flag=True, help="Print the result as CSV instead of an aligned table.")
+@_one_line_errors
+def sql_cmd(run: Path, query: str, as_csv: bool) -> None:
+    """Query a run's tables with DuckDB, e.g. trace sql RUN "SELECT rank, count(*) FROM spans GROUP BY rank".
+    Tables: ops, spans, stacks, samples_stacks, samples_proc, samples_gpu, phases, events (see trace export).
+    Needs DuckDB: pip install 'ranktrace[sql]'."""
+    from ranktrace.analyzers import export
+
+    try:
+        export.duckdb_module()
+    except export.NoDuckDB as e:
+        _err(f"trace sql needs DuckDB, which is not installed: {export.DUCKDB_HINT}")
+        del e
+        sys.exit(EXIT_USAGE)
+    tables = export.run_tables(_analyze_for_tables(run))
+    try:
+        result = export.sql(tables, query)
+    except Exception as e:  # DuckDB's own message for a bad query: one line
+        msg = " ".join(str(e).split())
+        _err(f"query failed: {type(e).__name__}: {msg}")
+        sys.exit(EXIT_USAGE)
+    if as_csv:
+        import io
+
+        import pyarrow.csv as pcsv
+
+        buf = io.BytesIO()
+        pcsv.write_csv(export._csv_ready(result), buf)
+        click.echo(buf.getvalue().decode(), nl=False)
+    else:
+        click.echo(export.table_text(result), nl=False)
 
 
 if __name__ == "__main__":

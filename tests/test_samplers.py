@@ -102,10 +102,10 @@ def test_job_completes_and_the_three_sample_files_have_their_schemas(straggler: 
     rank_pids = {info["rank"]: p for p, info in pids.items() if info.get("rank") is not None}
     assert sorted(rank_pids) == [0, 1, 2, 3]
     for name, sch in SCHEMAS.items():
-        t = _table(samples / f"{name}.arrow")
+        t = _table(samples / f"{name}.arrows")
         assert t.schema.names == sch.names
         assert t.schema.metadata[b"schema"] == f"ranktrace.samples.{name}/1".encode()
-    proc = _table(samples / "proc.arrow")
+    proc = _table(samples / "proc.arrows")
     procs = proc.filter(pc.equal(proc["kind"], "process"))
     per_rank = {r: procs.filter(pc.equal(procs["pid"], p)).num_rows for r, p in rank_pids.items()}
     assert all(n >= 8 for n in per_rank.values()), per_rank  # one row a second over a >= 10 s life
@@ -117,7 +117,7 @@ def test_job_completes_and_the_three_sample_files_have_their_schemas(straggler: 
     assert main3 and {r["state"] for r in main3} <= set("RSDI") and any(r["wchan"] is not None for r in main3)
     # a running thread gets a row whenever its CPU time moved: rank 3's main thread, computing, many rows
     assert len(main3) >= 6
-    stacks = _table(samples / "stacks.arrow")
+    stacks = _table(samples / "stacks.arrows")
     kinds = set(stacks["kind"].to_pylist())
     assert {"stack", "sample"} <= kinds
     defs = stacks.filter(pc.equal(stacks["kind"], "stack"))
@@ -125,12 +125,12 @@ def test_job_completes_and_the_three_sample_files_have_their_schemas(straggler: 
     refs = stacks.filter(pc.equal(stacks["kind"], "sample"))
     assert refs.num_rows > 3 * defs.num_rows  # then referenced
     assert set(refs["thread_name"].to_pylist()) >= {"MainThread"}
-    gpu = _table(samples / "gpu.arrow")
+    gpu = _table(samples / "gpu.arrows")
     assert gpu.num_rows == 0  # no NVML here: the file holds the schema only
 
 
 def test_a_waiting_rank_stack_stops_changing_while_a_computing_rank_changes(straggler: TtyRun):
-    stacks = _table(host_dir(straggler.run_dir) / "samples" / "stacks.arrow")
+    stacks = _table(host_dir(straggler.run_dir) / "samples" / "stacks.arrows")
     frames = {r["stack_id"]: r["frames"] for r in stacks.filter(pc.equal(stacks["kind"], "stack")).to_pylist()}
     refs = stacks.filter(pc.and_(pc.equal(stacks["kind"], "sample"), pc.equal(stacks["thread_name"], "MainThread")))
     rows = [r for r in refs.to_pylist() if r["rank"] is not None]
@@ -155,7 +155,7 @@ def test_status_line_is_drawn_in_place_on_a_tty_and_cleared_before_our_lines(str
     assert len(draws) >= 5, tty[-2000:]
     assert len(draws) <= straggler.elapsed + 2  # at most one redraw a second
     assert any("4/4 ranks alive" in d for d in draws), draws[-5:]
-    assert any(re.search(r"\| 0:\d+", d) for d in draws), draws[-5:]     # group "0" (default_pg) and its seq
+    assert any(re.search(r"\| group 0 at seq \d+", d) for d in draws), draws[-5:]  # group "0" (default_pg), its seq
     assert any("quiet" in d and "running" in d for d in draws), draws[-5:]
     last = [ln for ln in tty.replace("\r\n", "\n").split("\n") if "[ranktrace]" in ln][-1]
     assert last.startswith("\r\x1b[K[ranktrace] job exited with status 0") or \
@@ -194,7 +194,7 @@ def test_analyze_reads_the_samples(straggler: TtyRun):
                    [sk.file for sk in inputs.skipped])
     # a clean exit: sampled stacks are older than the end and are left out of STACKS
     assert not any("stacks.arrow" in (f or "") for f in inputs.stacks["file"].to_pylist())
-    res = ranktrace_samples.read(host_dir(straggler.run_dir) / "samples" / "stacks.arrow", with_stacks=True)
+    res = ranktrace_samples.read(host_dir(straggler.run_dir) / "samples" / "stacks.arrows", with_stacks=True)
     st = res.stacks
     assert st.num_rows and st["wall_ns"].null_count == 0 and set(st["source"].to_pylist()) == {"pyspy"}
     per_pid = {}
@@ -211,7 +211,7 @@ def test_a_killed_writer_loses_at_most_the_last_interval(tmp_path: Path):
     from ranktrace.analyzers.readers import ranktrace_samples
     from ranktrace.tracer.watch.sample_log import ArrowStreamLog, PROC_SCHEMA
 
-    path = tmp_path / "samples" / "proc.arrow"
+    path = tmp_path / "samples" / "proc.arrows"
     log = ArrowStreamLog(path, PROC_SCHEMA)
     assert ranktrace_samples.read_table(path)[0].num_rows == 0  # schema on disk before any row
     for i in range(3):
@@ -331,9 +331,11 @@ def test_status_line_rate_and_format():
     quiet.update(lambda w: "x")
     quiet.clear()
     assert quiet.stream.getvalue() == ""
-    assert compact_group("0", {0: 7, 1: 7, 2: 7, 3: 6}) == "0:7 r3:6"
+    assert compact_group("0", {0: 7, 1: 7, 2: 7, 3: 6}) == "group 0 at seq 7, rank 3 at 6"
+    assert compact_group("tp", {0: 9, 1: 8, 2: 9, 3: 8, 4: 7, 5: 9}) == "group tp at seq 9, ranks 1,3 at 8, rank 4 at 7"
+    assert compact_group("0", {}) == "group 0: no op yet"
     text = format_status(3, 4, 4, {"0": {0: 7, 1: 7, 2: 7}}, 12.4, "running")
-    assert text == "[ranktrace] 3/4 ranks alive | 0:7 | quiet 12s | running"
+    assert text == "[ranktrace] 3/4 ranks alive | group 0 at seq 7 | quiet 12s | running"
     assert format_status(0, 0, None, {}, 2, "starting") == "[ranktrace] no rank yet | quiet 2s | starting"
 
 
@@ -538,11 +540,11 @@ def test_gpu_child_samples_devices_processes_and_xids(tmp_path: Path):
     assert [(r["gpu"], r["pid"], r["mem_used"]) for r in rows if r["kind"] == "process"] == [
         (0, 4242, 1 << 30), (1, 4243, 2 << 30)]
     assert [(r["gpu"], r["xid"]) for r in rows if r["kind"] == "xid"] == [(1, 79)]
-    log = ArrowStreamLog(tmp_path / "samples" / "gpu.arrow", GPU_SCHEMA)
+    log = ArrowStreamLog(tmp_path / "samples" / "gpu.arrows", GPU_SCHEMA)
     for r in rows:
         log.add(r)
     log.close()
-    obs = ranktrace_samples.read(tmp_path / "samples" / "gpu.arrow").observations.to_pylist()
+    obs = ranktrace_samples.read(tmp_path / "samples" / "gpu.arrows").observations.to_pylist()
     got = {(o["kind"], o["name"], o["pid"]): o["value"] for o in obs}
     assert got[("gpu_util", "gpu0", None)] == 97 and got[("gpu_memory", "gpu1", None)] == 2 << 30
     assert got[("gpu_memory", "gpu1", 4243)] == 2 << 30 and got[("gpu_xid", "gpu1", None)] == 79

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["Span", "Mark", "SpanSet", "pair_spans"]
+__all__ = ["Span", "Mark", "SpanSet", "pair_spans", "span_table", "SPAN_COLUMNS", "as_of"]
 
 _COLUMNS = ("rank", "pid", "tid", "kind", "name", "category", "group", "seq", "span_id", "callsite", "error",
             "capturing", "peer", "file", "detail", "source")
@@ -131,3 +131,131 @@ def pair_spans(events: pa.Table, clock: str = "t_ns", tail: int | None = None,
             marks.append(Mark(r["rank"], r["tid"], r["name"] or "?", r[clock]))
     spans.extend(_span(s, None, None, clock) for s in opened.values())
     return SpanSet(tuple(spans), tuple(marks), t0, t_end, clock, tuple(sorted(all_ranks)))
+
+
+# --- one row per call, for the whole run (columns, not objects) ---------------------------------------------------
+
+SPAN_COLUMNS = ("host", "rank", "pid", "tid", "name", "category", "group", "group_desc", "backend", "seq", "peer",
+                "dtype", "shape", "nbytes", "callsite", "capturing", "graph_id", "span_id", "parent_span_id",
+                "source", "file", "line")
+
+
+def span_table(events: pa.Table) -> pa.Table:
+    """Every call of the inputs as one row: the enter's columns (SPAN_COLUMNS), ``start_t_ns`` / ``start_wall_ns``,
+    ``end_t_ns`` / ``end_wall_ns`` of the first exit or error that closed it (null: it never returned),
+    ``duration_ns``, ``outcome`` (returned | error | open), ``error`` and ``completed`` (the backend also reported it
+    finished: a ``complete`` record, DESIGN §2's difference between returned and done).
+
+    Our own records pair by (file, pid, span_id) in one hash join; a reader's rows without a span id (nsys,
+    Kineto, NCCL log) are paired as :func:`pair_spans` pairs them, for the ranks our own records do not cover."""
+    sch = _span_schema(events.schema)
+    if events.num_rows == 0:
+        return sch.empty_table()
+    kind = events["kind"]
+    has_id = pc.is_valid(events["span_id"])
+    key_cols = ["file", "pid", "span_id"]
+    ours = events.filter(has_id)
+    enters = ours.filter(pc.equal(ours["kind"], "enter"))
+    closing = ours.filter(pc.is_in(ours["kind"], value_set=pa.array(["exit", "error"])))
+    closing = closing.append_column("_t", pc.fill_null(closing["t_ns"], pc.fill_null(closing["wall_ns"], 0)))
+    closing = closing.sort_by([("_t", "ascending")])
+    first = closing.select(key_cols + ["kind", "t_ns", "wall_ns", "error"]).group_by(
+        key_cols, use_threads=False).aggregate([("kind", "first"), ("t_ns", "first"), ("wall_ns", "first"),
+                                                ("error", "first")])
+    completes = ours.filter(pc.equal(ours["kind"], "complete")).select(key_cols).group_by(
+        key_cols, use_threads=False).aggregate([])
+    completes = completes.append_column("completed", pa.array([True] * completes.num_rows, pa.bool_()))
+    base = enters.select(list(SPAN_COLUMNS) + ["t_ns", "wall_ns"]).rename_columns(
+        list(SPAN_COLUMNS) + ["start_t_ns", "start_wall_ns"])
+    joined = base.join(first, key_cols, join_type="left outer", use_threads=False)
+    joined = joined.join(completes, key_cols, join_type="left outer", use_threads=False)
+    out = _finish(joined.rename_columns([{"kind_first": "_closer", "t_ns_first": "end_t_ns",
+                                          "wall_ns_first": "end_wall_ns", "error_first": "error"}.get(c, c)
+                                         for c in joined.column_names]), sch)
+    foreign = events.filter(pc.and_(pc.invert(has_id), pc.is_in(kind, value_set=pa.array(
+        ["enter", "exit", "error", "complete"]))))
+    if foreign.num_rows and out.num_rows:
+        # one source per rank: where our rings recorded a rank, its Flight Recorder / NCCL-log copies of the same
+        # calls are left out (a gloo FR entry never retires: it would read as a call still open)
+        foreign = foreign.filter(pc.invert(pc.fill_null(pc.is_in(foreign["rank"], value_set=pc.unique(
+            out["rank"].drop_null())), False)))
+    if foreign.num_rows:
+        out = pa.concat_tables([out, _foreign_spans(foreign, sch)])
+    return out.sort_by([("rank", "ascending"), ("start_wall_ns", "ascending"), ("start_t_ns", "ascending")])
+
+
+_SPAN_SCHEMA_EXTRA = [("start_t_ns", pa.int64()), ("end_t_ns", pa.int64()), ("start_wall_ns", pa.int64()),
+                      ("end_wall_ns", pa.int64()), ("duration_ns", pa.int64()), ("outcome", pa.string()),
+                      ("error", pa.string()), ("completed", pa.bool_())]
+
+
+def _span_schema(events: pa.Schema) -> pa.Schema:
+    """The span table's schema: the enter's columns as the EVENTS table types them, then the pairing's."""
+    return pa.schema([events.field(c) for c in SPAN_COLUMNS] + [pa.field(n, t) for n, t in _SPAN_SCHEMA_EXTRA])
+
+
+def _finish(t: pa.Table, sch: pa.Schema) -> pa.Table:
+    """Duration (monotonic clock when both ends have it, else wall), outcome, the columns in schema order."""
+    mono = pc.subtract(t["end_t_ns"], t["start_t_ns"])
+    wall = pc.subtract(t["end_wall_ns"], t["start_wall_ns"])
+    closer = t["_closer"]
+    outcome = pc.if_else(pc.is_null(closer), pa.scalar("open"),
+                         pc.if_else(pc.equal(closer, "error"), pa.scalar("error"), pa.scalar("returned")))
+    cols = {c: t[c] for c in SPAN_COLUMNS}
+    cols.update(start_t_ns=t["start_t_ns"], end_t_ns=t["end_t_ns"], start_wall_ns=t["start_wall_ns"],
+                end_wall_ns=t["end_wall_ns"], duration_ns=pc.coalesce(mono, wall), outcome=outcome,
+                error=t["error"], completed=pc.fill_null(t["completed"], False))
+    return pa.table({n: pc.cast(cols[n], sch.field(n).type) for n in sch.names}, schema=sch)
+
+
+def _foreign_spans(rows: pa.Table, sch: pa.Schema) -> pa.Table:
+    """Readers' enter/exit rows without span ids, paired by what they are (see :func:`_key`)."""
+    data = rows.to_pylist()
+    data.sort(key=lambda r: (r["t_ns"] if r["t_ns"] is not None else (r["wall_ns"] or 0)))
+    opened: dict[tuple, dict[str, Any]] = {}
+    out: list[dict[str, Any]] = []
+    for r in data:
+        if r["kind"] == "enter":
+            opened[_key(r)] = r
+            continue
+        s = opened.pop(_key(r), None)
+        if s is not None:
+            out.append({**{c: s[c] for c in SPAN_COLUMNS}, "start_t_ns": s["t_ns"], "start_wall_ns": s["wall_ns"],
+                        "end_t_ns": r["t_ns"], "end_wall_ns": r["wall_ns"], "error": r["error"],
+                        "_closer": "error" if r["kind"] == "error" else "exit", "completed": r["kind"] == "complete"})
+    for s in opened.values():
+        out.append({**{c: s[c] for c in SPAN_COLUMNS}, "start_t_ns": s["t_ns"], "start_wall_ns": s["wall_ns"],
+                    "end_t_ns": None, "end_wall_ns": None, "error": None, "_closer": None, "completed": False})
+    if not out:
+        return sch.empty_table()
+    fields = [sch.field(c) for c in SPAN_COLUMNS] + [
+        pa.field("start_t_ns", pa.int64()), pa.field("start_wall_ns", pa.int64()), pa.field("end_t_ns", pa.int64()),
+        pa.field("end_wall_ns", pa.int64()), pa.field("error", pa.string()), pa.field("_closer", pa.string()),
+        pa.field("completed", pa.bool_())]
+    return _finish(pa.Table.from_pylist(out, schema=pa.schema(fields)), sch)
+
+
+def as_of(analysis: Any, clock: str) -> int | None:
+    """The moment the verdict speaks for, on `clock`: the latest record or stack sample (the watchdog's burst
+    samples the hung ranks), the moment a live job was seen alive, or — for a job that ended with calls still
+    open — its end. A call that never returned is drawn until then: a hang of minutes is minutes long."""
+    times: list[int] = []
+    ev = analysis.events
+    if ev.num_rows and clock in ev.schema.names:
+        t = pc.max(ev[clock]).as_py()
+        if t is not None:
+            times.append(t)
+    st = analysis.stacks
+    if st.num_rows and clock in st.schema.names:
+        t = pc.max(st[clock]).as_py()
+        if t is not None:
+            times.append(t)
+    if clock == "wall_ns":
+        job = analysis.job
+        if job.state == "running" and analysis.liveness is not None:
+            times.append(int(analysis.liveness.checked_at * 1e9))
+        elif job.ended and analysis.open_rows:
+            end = max((h.meta or {}).get("end_wall_ns") or 0 for h in analysis.hosts) if analysis.hosts else 0
+            if end:
+                times.append(int(end))
+    return max(times) if times else None

@@ -30,6 +30,7 @@ from ranktrace.tracer.launch import envplan
 from ranktrace.tracer.launch import hostinfo
 from ranktrace.tracer.launch import meta
 from ranktrace.tracer.watch.monitor import Monitor, MonitorOptions
+from ranktrace.tracer.watch.presenter import Presenter
 from ranktrace.tracer.watch.statusline import StatusLine
 from ranktrace.tracer.launch.terminal import JobTerminal, controlling_tty
 
@@ -67,6 +68,7 @@ class RunOutcome:
     pids: dict[str, object] = field(default_factory=dict)
     killed_on_hang: bool = False   # --on-hang kill ended the job (trace run then exits 3)
     hang_detected: bool = False
+    presenter: Presenter | None = None   # what was printed (the verdict at the hang) and the notes not said yet
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -192,18 +194,20 @@ def launch(
     The steps: check and prepare (``_prepare``: nothing starts on a usage error) -> start the job (``_start``) ->
     watch it until it exits (``_Job``, ``_supervise``) -> record its exit in meta.json (``_record_exit``)."""
     run_dir, host_dir, plan = _prepare(opts)
-    fast_error = _fastpath_problem()
-    if fast_error:
-        log(f"compiled fast path unavailable ({fast_error}): each traced call costs ~2 us instead of < 1 us")
-    proc = _start(opts.command, plan.env)
     # live status line (stderr on a TTY only); our own lines and reports erase it first
     status = StatusLine(sys.stderr, enabled=None if monitor_opts else False)
     log, show = status.wrap(log), status.wrap(show)
-    job = _Job(proc.pid, _start_monitor(run_dir, host_dir, monitor_opts, log, show), status, log)
+    presenter = Presenter(sys.stderr, show)  # the verdict once, and what this machine lacks in one line under it
+    fast_error = _fastpath_problem()
+    if fast_error:
+        presenter.note(f"compiled fast path unavailable ({fast_error}): each traced call costs ~2 us instead of "
+                       f"< 1 us")
+    proc = _start(opts.command, plan.env)
+    job = _Job(proc.pid, _start_monitor(run_dir, host_dir, monitor_opts, log, show, presenter), status, log)
     returncode, gpu = _supervise(job, proc, tick_s)
-    _record_exit(host_dir, returncode, job, gpu.result(log), log)
+    _record_exit(host_dir, returncode, job, gpu.result(presenter.note), log)
     return RunOutcome(exit_code_of(returncode), returncode, run_dir, host_dir, killed_on_hang=bool(job.killed),
-                      hang_detected=job.hang_detected)
+                      hang_detected=job.hang_detected, presenter=presenter)
 
 
 def _prepare(opts: RunOptions) -> tuple[Path, Path, envplan.EnvPlan]:
@@ -236,11 +240,12 @@ def _start(command: Sequence[str], env: dict[str, str]) -> subprocess.Popen[byte
 
 
 def _start_monitor(run_dir: Path, host_dir: Path, opts: "MonitorOptions | None", log: Callable[[str], None],
-                   show: Callable[[str], None]) -> Monitor | None:
+                   show: Callable[[str], None], presenter: Presenter) -> Monitor | None:
     if not opts:
         return None
     try:
-        return Monitor(run_dir, host_dir, opts, log=log, show=show)
+        return Monitor(run_dir, host_dir, opts, log=log, show=show, note=presenter.note,
+                       show_verdict=presenter.verdict)
     except Exception as e:  # the watchdog must never take the job down
         log(f"monitor could not start (monitoring off): {type(e).__name__}: {e}")
         return None
@@ -380,7 +385,7 @@ def _supervise(job: _Job, proc: subprocess.Popen[bytes], tick_s: float) -> tuple
         for s, h in previous.items():
             signal.signal(s, h)
         if job.started is not None:
-            gpu.take_from(job.started, job.log)
+            gpu.take_from(job.started, job.started.note)
         job.close_monitor()
         job.status.clear()
     return returncode, gpu

@@ -111,7 +111,8 @@ class Monitor:
 
     def __init__(self, run_dir: Path, host_dir: Path, opts: MonitorOptions, *,
                  log: Callable[[str], None], show: Callable[[str], None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, note: Callable[[str], None] | None = None,
+                 show_verdict: Callable[[Any], None] | None = None) -> None:
         from ranktrace.tracer.watch.proc_sampler import ProcSampler
         from ranktrace.tracer.watch.ring_tail import RingTail
         from ranktrace.tracer.watch.sample_log import GPU_SCHEMA, PROC_SCHEMA, STACKS_SCHEMA, ArrowStreamLog
@@ -119,6 +120,10 @@ class Monitor:
 
         self.run_dir, self.host_dir, self.opts = run_dir, host_dir, opts
         self.log, self.show, self.clock = log, show, clock
+        # printing (tracer.watch.presenter): what this machine lacks goes to `note` (one line under the verdict);
+        # the verdict to `show_verdict` (the terminal's width and colour), else rendered plain to `show`
+        self.note = note or log
+        self.show_verdict = show_verdict
         self.state = _State(last_progress=clock())
         self.state.last_sample = clock() - opts.interval
         self.kill_requested = False
@@ -132,9 +137,11 @@ class Monitor:
         if opts.samples:
             try:
                 d = host_dir / "samples"
-                self.proc_log = ArrowStreamLog(d / "proc.arrow", PROC_SCHEMA)
-                self.stack_log = ArrowStreamLog(d / "stacks.arrow", STACKS_SCHEMA)
-                self.gpu_log = ArrowStreamLog(d / "gpu.arrow", GPU_SCHEMA)
+                # Arrow IPC *streams* (flushed as they go): named .arrows, as Arrow names streams, so that a reader
+                # does not take them for IPC files (pyarrow.ipc.open_stream / DuckDB's read_arrow, not open_file)
+                self.proc_log = ArrowStreamLog(d / "proc.arrows", PROC_SCHEMA)
+                self.stack_log = ArrowStreamLog(d / "stacks.arrows", STACKS_SCHEMA)
+                self.gpu_log = ArrowStreamLog(d / "gpu.arrows", GPU_SCHEMA)
             except OSError as e:
                 self._fail("samples", e)
         self.procs = ProcSampler(self.proc_log)
@@ -143,7 +150,7 @@ class Monitor:
         if opts.gpu:
             from ranktrace.tracer.watch.gpu_sampler import GpuSampler
 
-            self.gpu = GpuSampler(log=log)
+            self.gpu = GpuSampler(log=self.note)
             try:
                 self.gpu.start()
             except Exception as e:
@@ -237,7 +244,7 @@ class Monitor:
         pids = self.pids()
         if self.pyspy is None and not self._said_no_pyspy:
             self._said_no_pyspy = True
-            self.log("py-spy not found or turned off: stack samples come from the in-rank agents only")
+            self.note("py-spy not found or turned off: stack samples come from the in-rank agents only")
         dumps = dump_all(self.pyspy, pids) if self.pyspy is not None else {}
         unread = [p for p in pids if dumps.get(p) is None or dumps[p].text is None]
         if unread:  # py-spy missing or refused (ptrace): the ranks' own agents answer instead
@@ -409,7 +416,7 @@ class Monitor:
             return False
         if res.absent:
             self._ras_off = True
-            self.log(res.absent)
+            self.note(res.absent)
             return False
         s = res.summary or {}
         missing = sorted({(m.get("group"), m.get("rank")) for m in s.get("missing", [])}, key=str)
@@ -452,7 +459,10 @@ class Monitor:
         if picture != self.state.reported:
             self.state.reported = picture
             try:
-                self.show(text_report.render(v))
+                if self.show_verdict is not None:
+                    self.show_verdict(v)
+                else:
+                    self.show(text_report.render(v))
             except Exception as e:  # the verdict is on disk; a report bug must not stop --on-hang
                 self.log(f"report failed: {type(e).__name__}: {e}")
         return picture

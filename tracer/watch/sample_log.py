@@ -1,4 +1,4 @@
-"""The sample files' schemas and their append-only writer (``<run>/<host>/samples/{proc,stacks,gpu}.arrow``).
+"""The sample files' schemas and their append-only writer (``<run>/<host>/samples/{proc,stacks,gpu}.arrows``).
 
 Files are Arrow IPC **streams** (``pyarrow.ipc.open_stream``), one record batch appended per flush (every few
 seconds and at exit) and flushed to the OS, so a ``trace run`` that is SIGKILLed loses at most one flush interval;

@@ -5,8 +5,9 @@ second; ranktrace's own lines erase it first (:meth:`StatusLine.clear`), so a ve
 middle of it. The job's own output is not ours to intercept: the cursor is left at the start of the status line so
 a line the job prints overwrites it, and the next rewrite draws it again below.
 
-Text, e.g. ``[ranktrace] 8/8 ranks alive | 0:42 r3:41 | 5:17 | quiet 12s | running``: per group the seq most ranks
-are at, then the ranks elsewhere (``r3:41``; ``+N`` when more than four differ).
+Text, e.g. ``[ranktrace] 8/8 ranks alive | group 0 at seq 42, rank 3 at 41 | group 5 at seq 17 | quiet 12s |
+running``: per group the seq (the count of collectives issued on it) most ranks are at, then the ranks elsewhere
+(``ranks 3,5 at 41``; ``+N more`` past three such sets).
 """
 from __future__ import annotations
 
@@ -22,15 +23,22 @@ _SEP = " | "  # ASCII: a terminal in a non-UTF-8 locale must not lose the line
 
 
 def compact_group(name: str, seqs: dict[int, int]) -> str:
-    """``name:majority`` then the ranks that differ: ``0:42 r3:41``."""
+    """``group 0 at seq 42, rank 3 at 41``: the seq most ranks of the group are at, then the ranks elsewhere."""
+    from ranktrace.analyzers.verdict import compact_ranks
+
     if not seqs:
-        return f"{name}:-"
+        return f"group {name}: no op yet"
     top, _n = Counter(seqs.values()).most_common(1)[0]
-    odd = sorted((r, s) for r, s in seqs.items() if s != top)
-    parts = [f"{name}:{top}"] + [f"r{r}:{s}" for r, s in odd[:4]]
-    if len(odd) > 4:
-        parts.append(f"+{len(odd) - 4}")
-    return " ".join(parts)
+    odd: dict[int, list[int]] = {}
+    for r, s in sorted(seqs.items()):
+        if s != top:
+            odd.setdefault(s, []).append(r)
+    parts = [f"group {name} at seq {top}"]
+    for s, rs in sorted(odd.items(), key=lambda kv: kv[1][0])[:3]:
+        parts.append(f"{'rank' if len(rs) == 1 else 'ranks'} {compact_ranks(rs)} at {s}")
+    if len(odd) > 3:
+        parts.append(f"+{sum(len(rs) for _s, rs in sorted(odd.items(), key=lambda kv: kv[1][0])[3:])} more")
+    return ", ".join(parts)
 
 
 def format_status(alive: int, known: int, world: int | None, groups: dict[str, dict[int, int]], quiet_s: float,
