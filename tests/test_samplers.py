@@ -102,10 +102,10 @@ def test_job_completes_and_the_three_sample_files_have_their_schemas(straggler: 
     rank_pids = {info["rank"]: p for p, info in pids.items() if info.get("rank") is not None}
     assert sorted(rank_pids) == [0, 1, 2, 3]
     for name, sch in SCHEMAS.items():
-        t = _table(samples / f"{name}.arrows")
+        t = _table(samples / f"{name}.arrow")
         assert t.schema.names == sch.names
         assert t.schema.metadata[b"schema"] == f"ranktrace.samples.{name}/1".encode()
-    proc = _table(samples / "proc.arrows")
+    proc = _table(samples / "proc.arrow")
     procs = proc.filter(pc.equal(proc["kind"], "process"))
     per_rank = {r: procs.filter(pc.equal(procs["pid"], p)).num_rows for r, p in rank_pids.items()}
     assert all(n >= 8 for n in per_rank.values()), per_rank  # one row a second over a >= 10 s life
@@ -117,7 +117,7 @@ def test_job_completes_and_the_three_sample_files_have_their_schemas(straggler: 
     assert main3 and {r["state"] for r in main3} <= set("RSDI") and any(r["wchan"] is not None for r in main3)
     # a running thread gets a row whenever its CPU time moved: rank 3's main thread, computing, many rows
     assert len(main3) >= 6
-    stacks = _table(samples / "stacks.arrows")
+    stacks = _table(samples / "stacks.arrow")
     kinds = set(stacks["kind"].to_pylist())
     assert {"stack", "sample"} <= kinds
     defs = stacks.filter(pc.equal(stacks["kind"], "stack"))
@@ -125,12 +125,12 @@ def test_job_completes_and_the_three_sample_files_have_their_schemas(straggler: 
     refs = stacks.filter(pc.equal(stacks["kind"], "sample"))
     assert refs.num_rows > 3 * defs.num_rows  # then referenced
     assert set(refs["thread_name"].to_pylist()) >= {"MainThread"}
-    gpu = _table(samples / "gpu.arrows")
+    gpu = _table(samples / "gpu.arrow")
     assert gpu.num_rows == 0  # no NVML here: the file holds the schema only
 
 
 def test_a_waiting_rank_stack_stops_changing_while_a_computing_rank_changes(straggler: TtyRun):
-    stacks = _table(host_dir(straggler.run_dir) / "samples" / "stacks.arrows")
+    stacks = _table(host_dir(straggler.run_dir) / "samples" / "stacks.arrow")
     frames = {r["stack_id"]: r["frames"] for r in stacks.filter(pc.equal(stacks["kind"], "stack")).to_pylist()}
     refs = stacks.filter(pc.and_(pc.equal(stacks["kind"], "sample"), pc.equal(stacks["thread_name"], "MainThread")))
     rows = [r for r in refs.to_pylist() if r["rank"] is not None]
@@ -194,7 +194,7 @@ def test_analyze_reads_the_samples(straggler: TtyRun):
                    [sk.file for sk in inputs.skipped])
     # a clean exit: sampled stacks are older than the end and are left out of STACKS
     assert not any("stacks.arrow" in (f or "") for f in inputs.stacks["file"].to_pylist())
-    res = ranktrace_samples.read(host_dir(straggler.run_dir) / "samples" / "stacks.arrows", with_stacks=True)
+    res = ranktrace_samples.read(host_dir(straggler.run_dir) / "samples" / "stacks.arrow", with_stacks=True)
     st = res.stacks
     assert st.num_rows and st["wall_ns"].null_count == 0 and set(st["source"].to_pylist()) == {"pyspy"}
     per_pid = {}

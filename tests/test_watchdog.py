@@ -125,8 +125,8 @@ def test_without_py_spy_the_in_rank_agents_give_stacks_and_flight_recorder(tmp_p
     # the watchdog's periodic stack samples came from the agents too (its stack-progress signal keeps working)
     import pyarrow.ipc as ipc
 
-    with open(next(run.glob("*/samples/stacks.arrows")), "rb") as f:
-        rows = ipc.open_stream(f).read_all().to_pylist()
+    with open(next(run.glob("*/samples/stacks.arrow")), "rb") as f:  # sealed into an IPC file when the run ended
+        rows = ipc.open_file(f).read_all().to_pylist()
     sampled = {r["rank"] for r in rows if r["kind"] == "sample" and r["thread_name"] == "MainThread"}
     assert sampled >= {0, 1, 2, 3}
 

@@ -285,13 +285,27 @@ def test_report_html_groups_identical_ranks(hung: HungRun, monkeypatch: pytest.M
 
 # ------------------------------------------------------------------------------------------- the data as tables
 
-def test_samples_are_arrow_streams_named_so(hung: HungRun):
+def test_samples_are_streams_while_running_and_arrow_files_after(hung: HungRun, tmp_path: Path):
+    """While the job runs the samples are Arrow IPC streams named .arrows (flushed as they go, readable live with
+    open_stream); when the run ends they are sealed into the trace dir's .arrow IPC files (open_file, DuckDB)."""
     import pyarrow.ipc as ipc
 
+    from ranktrace.tracer.launch.finalize import seal_samples
+
     samples = host_dir(hung.run_dir) / "samples"
-    assert sorted(p.name for p in samples.iterdir()) == ["gpu.arrows", "proc.arrows", "stacks.arrows"]
-    with open(samples / "proc.arrows", "rb") as f:
-        assert ipc.open_stream(f).read_all().num_rows > 0
+    assert sorted(p.name for p in samples.iterdir()) == ["gpu.arrow", "proc.arrow", "stacks.arrow"]
+    with open(samples / "proc.arrow", "rb") as f:
+        sealed = ipc.open_file(f).read_all()
+    assert sealed.num_rows > 0
+    # the same rows as a live stream, sealed again: nothing lost, the stream removed
+    live = tmp_path / "samples"
+    live.mkdir()
+    with open(live / "proc.arrows", "wb") as f, ipc.new_stream(f, sealed.schema) as w:
+        w.write_table(sealed)
+    assert seal_samples(tmp_path) == []
+    assert [p.name for p in live.iterdir()] == ["proc.arrow"]
+    with open(live / "proc.arrow", "rb") as f:
+        assert ipc.open_file(f).read_all().equals(sealed)
 
 
 def test_trace_export_parquet_duckdb_csv_and_sql(hung: HungRun, tmp_path: Path):

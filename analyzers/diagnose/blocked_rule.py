@@ -16,14 +16,16 @@ def blocked_outside(ctx: Context) -> list[Candidate]:
     blocked = sorted(r for r, st in ctx.host_states.items() if st in ("blocked_other", "idle_loop"))
     if not blocked:
         return []
-    pending = ctx.ops.filter(ctx.ops["issued"]) if ctx.ops.num_rows else ctx.ops
+    pending = bool(ctx.graph.edges or ctx.graph.stuck or ctx.graph.mismatches)
     places = sorted({w for w in (where(ctx.stacks.get(r)) for r in blocked) if w})
-    summary = (f"no collective is pending; {ranks_text(blocked)} {'are' if len(blocked) > 1 else 'is'} blocked "
-               f"outside collectives in {', '.join(places[:3]) or 'a wait'}")
+    # with a collective pending, the wait-for rules speak; these ranks are then only where the culprits sit
+    summary = (("" if pending else "no collective is pending; ")
+               + f"{ranks_text(blocked)} {'are' if len(blocked) > 1 else 'is'} blocked outside collectives in "
+               f"{', '.join(places[:3]) or 'a wait'}")
     ev = tuple(stack_evidence(ctx.stacks[r], ctx.host_states[r]) for r in blocked)
-    steps = [f"The hang is in the application, not in communication: see what {ranks_text(blocked)} wait for "
-             f"({', '.join(places[:3])}) — a request queue, a data loader, a lock or a subprocess that never answers."]
-    del pending
+    steps = [] if pending else [
+        f"The hang is in the application, not in communication: see what {ranks_text(blocked)} wait for "
+        f"({', '.join(places[:3])}) — a request queue, a data loader, a lock or a subprocess that never answers."]
     return [Candidate("blocked_outside_collective", summary, culprits=tuple(blocked), waiting=(),
                       operation=Operation(name=places[0] if places else "wait"),
                       findings=[Finding("blocked_outside_collective", summary, tuple(blocked), 0.6, ev)],

@@ -15,7 +15,7 @@ from ranktrace.analyzers import schema
 from ranktrace.analyzers.readers import ranktrace_ring
 from ranktrace.tracer.ringreader import RingError, read_ring
 
-__all__ = ["finalize_host_dir", "EVENTS_SCHEMA_VERSION", "write_events"]
+__all__ = ["finalize_host_dir", "EVENTS_SCHEMA_VERSION", "write_events", "seal_samples"]
 
 EVENTS_SCHEMA_VERSION = "ranktrace.events/1"
 
@@ -27,6 +27,33 @@ def write_events(path: Path, table: pa.Table) -> None:
     with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table, max_chunksize=1 << 16)
     tmp.replace(path)
+
+
+def seal_samples(host_dir: Path) -> list[str]:
+    """samples/<name>.arrows (Arrow IPC streams, flushed while the job ran) -> samples/<name>.arrow (an Arrow IPC
+    file, the trace dir's contract name, readable by ``pyarrow.ipc.open_file`` and DuckDB), the stream removed once
+    the file is in place. Every complete batch is kept; a batch cut by a kill is the only loss. Returns problems."""
+    problems: list[str] = []
+    for stream in sorted((host_dir / "samples").glob("*.arrows")):
+        target = stream.with_suffix(".arrow")
+        try:
+            with pa.OSFile(str(stream), "rb") as src:
+                reader = ipc.open_stream(src)
+                schema_, batches = reader.schema, []
+                try:
+                    for batch in reader:
+                        batches.append(batch)
+                except (pa.ArrowInvalid, OSError):
+                    pass  # a batch cut mid-write: the ones before it stand
+            tmp = target.with_name(target.name + ".tmp")
+            with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, schema_) as writer:
+                for batch in batches:
+                    writer.write_batch(batch)
+            tmp.replace(target)
+            stream.unlink()
+        except (pa.ArrowInvalid, OSError) as e:
+            problems.append(f"{stream.name} kept as a stream: {e}")
+    return problems
 
 
 def finalize_host_dir(host_dir: Path) -> dict[str, Any]:
@@ -64,5 +91,6 @@ def finalize_host_dir(host_dir: Path) -> dict[str, Any]:
         if rc.torn_meta:
             problems.append(f"{rel}: {rc.torn_meta} torn meta record(s)")
     write_events(host_dir / "events.arrow", schema.concat(schema.EVENTS, tables))
+    problems.extend(seal_samples(host_dir))
     return {"pids": pids, "versions": versions, "problems": problems,
             "hook_problems": [dict(v, ranks=sorted(v["ranks"]), pids=sorted(v["pids"])) for v in hook_problems.values()]}

@@ -115,7 +115,9 @@ def read_host(host_dir: Path, *, host: str | None = None, with_stacks: bool = Tr
     results: list[ReadResult] = []
     skipped: list[Skipped] = []
     host = host or host_dir.name
-    for f in sorted(p for p in (host_dir / "samples").glob("*.arrow*") if p.suffix in (".arrows", ".arrow")):
+    files = {p.stem: p for p in sorted((host_dir / "samples").glob("*.arrows"))}
+    files.update({p.stem: p for p in sorted((host_dir / "samples").glob("*.arrow"))})  # a sealed file wins
+    for f in sorted(files.values()):
         try:
             results.append(read(f, host=host, with_stacks=with_stacks))
         except ReaderError as e:
