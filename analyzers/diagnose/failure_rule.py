@@ -55,10 +55,16 @@ _SETUP_NCCL_ERROR = re.compile(r"unhandled system error|ncclSystemError|ncclInte
                                r"Socket|ncclInvalidUsage")
 
 
+def _ran_collectives(ctx: Context) -> bool:
+    """Some collective visibly completed before (a benchmark's result rows, a later watchdog seq)."""
+    return _progressed(ctx) or any(o["name"] == "nccl_tests_size" for o in ctx.observations("progress"))
+
+
 def init_failure(ctx: Context) -> list[Candidate]:
     rows = ctx.observations("init_failure") + [
-        {**o, "name": "nccl_init"} for o in ctx.observations("transport_error")
-        if o["name"] == "nccl_error" and _SETUP_NCCL_ERROR.search(o["detail"] or "")]
+        {**o, "name": "nccl_init"} for o in ctx.observations("transport_error") + ctx.observations("exception")
+        if (o["kind"] == "exception" or o["name"] == "nccl_error") and "NCCL" in (o["detail"] or "")
+        and _SETUP_NCCL_ERROR.search(o["detail"] or "") and not _ran_collectives(ctx)]
     stacks_in_init = {r: s for r, s in ctx.stacks.items() if ctx.host_states.get(r) == "in_init"}
     anon_in_init = [s for s in ctx.anon_stacks if _state(s) == "in_init"]
     if not rows and not stacks_in_init and not anon_in_init:

@@ -249,7 +249,8 @@ def _unwrap(lines: list[str]) -> list[str | None]:
         return list(lines)
     width, n = lengths.most_common(1)[0]
     long_lines = sum(lengths.values())
-    if n < 3 or n < 0.5 * long_lines or any(len(s) > width for s in lines):
+    longer = sum(1 for s in lines if len(s) > width)  # a fence or a quote glued to a line or two is no objection
+    if n < 3 or n < 0.3 * long_lines or longer > max(2, 0.05 * len(lines)):
         return list(lines)
     out: list[str | None] = list(lines)
     i = 0
