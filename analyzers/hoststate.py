@@ -25,13 +25,15 @@ _RULES: list[tuple[str, re.Pattern[str]]] = [
         r"init_process_group|_store_based_barrier|rendezvous|_create_c10d_store|_new_process_group_helper|"
         r"broadcastUniqueNCCLID|getNCCLComm|initNCCLComm|init_distributed_environment|initialize_model_parallel|"
         r"ensure_model_parallel_initialized|PyNcclCommunicator\.__init__|CustomAllreduce\.__init__|"
-        r"TCPStore\.__init__|c10d::TCPStore::TCPStore|_init_dist_connection)\b")),
+        r"TCPStore\.__init__|c10d::TCPStore::TCPStore|c10d::TCPStore::(?:get|doGet|wait|doWait)|"
+        r"_init_dist_connection)\b")),
     ("host_sync_wait", re.compile(
         r"\b(synchronize|tolist|item|_local_scalar_dense|cu(da)?StreamSynchronize|cudaDeviceSynchronize|"
         r"cu(da)?EventSynchronize|THPVariable_tolist|THPVariable_item)\b")),
     ("in_collective", re.compile(
         r"distributed_c10d\.py|\b(ProcessGroup\w*|gloo::|c10d::|ncclGroupEnd|ncclAllReduce|Work::wait|"
         r"P?MPI_\w+|ompi_coll_\w+|mca_(?:pml|coll)_\w+|horovod::\w+|"
+        r"(?<=\()lib[rn]ccl\.so|"
         r"_coalescing_manager)\b|\((all_reduce|all_gather\w*|reduce_scatter\w*|broadcast|barrier|all_to_all\w*|"
         r"send|recv|wait)\b")),
     ("idle_loop", re.compile(r"\b(event_loop\w*|_run_once|serve_forever|run_forever|recv_requests|uvicorn)\b")),

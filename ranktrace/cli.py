@@ -182,7 +182,7 @@ def _show_verdict(verdict: Verdict, as_json: bool, err: bool = False) -> None:
     if as_json:
         click.echo(json_report.render(verdict), err=err)
         return
-    width, color = terminal_style(click.get_text_stream("stderr" if err else "stdout"))
+    width, color = terminal_style(sys.stderr if err else sys.stdout)
     click.echo(text_report.render(verdict, width, color), err=err, nl=False, color=color)
 
 

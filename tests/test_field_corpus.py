@@ -64,9 +64,10 @@ def test_a_field_case_gets_the_verdict_its_thread_established(case: str, expecte
 
 
 def test_every_run_that_finished_or_serves_gets_no_hang_verdict() -> None:
+    # the cases whose files themselves show the end (a stall warning a thread says later cleared is not one)
     done = [c.parent.name for c in sorted(FIELD.glob("*/case.json"))
-            if json.loads(c.read_text())["truth"].get("kind") == "no_hang"]
-    assert len(done) >= 10
+            if json.loads(c.read_text())["truth"].get("kind") == "no_hang" and json.loads(c.read_text())["files_alone"]]
+    assert len(done) >= 15
     got = {}
     for c in done:
         try:
@@ -74,7 +75,7 @@ def test_every_run_that_finished_or_serves_gets_no_hang_verdict() -> None:
         except facade.InputError:  # nothing recognised in it: `trace analyze` exits 2, not 3
             got[c] = ("input_error",)
     assert not {c: b for c, b in got.items() if b[0] in ("hang", "crashed")}
-    assert sum(1 for b in got.values() if b[0] in ("completed", "idle")) >= 4
+    assert sum(1 for b in got.values() if b[0] in ("completed", "idle")) >= 10
 
 
 def test_each_input_says_how_it_was_read() -> None:
@@ -89,8 +90,8 @@ def test_the_field_score_does_not_drop() -> None:
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, str(REPO / "bench" / "field_score.py"), "--inproc", "--min", "73"],
+    res = subprocess.run([sys.executable, str(REPO / "bench" / "field_score.py"), "--inproc", "--min", "130"],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     alone = res.stdout.strip().splitlines()[-1]
-    assert "files alone: " in alone and int(alone.split("files alone: ")[1].split("/")[0]) >= 53, alone
+    assert "files alone: " in alone and int(alone.split("files alone: ")[1].split("/")[0]) >= 94, alone
