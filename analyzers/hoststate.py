@@ -74,7 +74,7 @@ def without_tracer(frames: tuple[str, ...]) -> tuple[str, ...]:
 def application_frame(frames: tuple[str, ...]) -> str | None:
     """Innermost frame of the program itself (not the stdlib, torch or site-packages)."""
     for f in frames:
-        if not _LIBRARY.search(f):
+        if not _LIBRARY.search(f) and not _OPAQUE.match(f) and not _NATIVE_LIB.search(f):
             return f
     return None
 
@@ -87,6 +87,10 @@ def is_poller(thread_name: str | None, frames: tuple[str, ...] = ()) -> bool:
 #: native frames that say nothing about what the thread waits for: unnamed frames of the driver and libc, which
 #: can bury the telling frame (``_local_scalar_dense_cuda``, ``ncclCommInitRank``) a dozen frames deep
 _OPAQUE = re.compile(r"^\?\? \(|^\?\?$|^<unknown function>|^0x[0-9a-f]+ \(")
+
+
+#: a native frame of a shared library (``cudaLaunchKernel (libnccl.so.2)``): never the program's own frame
+_NATIVE_LIB = re.compile(r"\((?:lib[\w+-]*\.so[\d.]*|[\w/.-]*/lib[\w+-]*\.so[\d.]*)\)$")
 
 
 def classify(frames: tuple[str, ...], thread_state: str | None = None) -> str:

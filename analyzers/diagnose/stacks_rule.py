@@ -47,7 +47,7 @@ def stacks_only(ctx: Context) -> list[Candidate]:
         return []
     inside = {r: c for r, s in ctx.stacks.items() if (c := collective_in_stack(s.frames)) is not None}
     if not inside:
-        return []
+        return _inside_unnamed(ctx)
     (top, _n), = Counter(name for name, _ in inside.values()).most_common(1)
     waiting = tuple(sorted(r for r, (name, _) in inside.items() if name == top))
     universe = set(ctx.stacks) | (set(range(ctx.world)) if ctx.world else set())
@@ -74,6 +74,28 @@ def stacks_only(ctx: Context) -> list[Candidate]:
                       wait_for=tuple(WaitEdge(r, culprits, top, None, None) for r in waiting),
                       findings=[Finding("missing_ranks", summary + " (from stacks only)", culprits, 0.6, ev)],
                       next_steps=steps)]
+
+
+def _inside_unnamed(ctx: Context) -> list[Candidate]:
+    """Ranks whose native stacks sit inside the communication library (or wait for the GPU) without a frame that
+    names the collective: still a finding about where they are."""
+    states = {r: ctx.host_states.get(r) for r in ctx.stacks}
+    held = sorted(r for r, st in states.items() if st in ("in_collective", "host_sync_wait"))
+    if not held or len(held) < len(states):
+        return []
+    sync = [r for r in held if states[r] == "host_sync_wait"]
+    where_ = sorted({w for w in (where(ctx.stacks[r]) for r in held) if w})
+    lib = next((f for r in held for f in ctx.stacks[r].frames if "nccl" in f.lower()), None)
+    what = ("waits for the GPU on the host" if len(sync) == len(held) else
+            f"is inside the communication library ({lib})" if lib else "is inside a collective")
+    summary = (f"{ranks_text(held)} {what.replace('waits', 'wait') if len(held) > 1 else what}; the stack does not "
+               "name the collective" + (f" ({', '.join(where_[:2])})" if where_ else ""))
+    ev = tuple(stack_evidence(ctx.stacks[r], states[r] or "unknown") for r in held)
+    return [Candidate("stuck_in_collective", summary, waiting=tuple(held),
+                      findings=[Finding("stuck_in_collective", summary + " (from stacks only)", tuple(held), 0.4, ev)],
+                      next_steps=["Dump the Python stacks too (py-spy dump --pid <pid> --native) to see which "
+                                  "collective it is, and dump the other ranks: one that is elsewhere is the one "
+                                  "they wait for."])]
 
 
 def _all_inside(ctx: Context, top: str, ranks: tuple[int, ...], inside: dict) -> list[Candidate]:
