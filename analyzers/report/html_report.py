@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import html
 from collections import defaultdict
-from typing import Any
+from typing import Any, Mapping
 
 import pyarrow.compute as pc
 
 from ranktrace.analyzers.model import Analysis
+from ranktrace.analyzers.report import bisect_html
 from ranktrace.analyzers.report.spans import Mark, Span, SpanSet, pair_spans
 from ranktrace.analyzers.verdict import Verdict, compact_ranks, operation_text
 
@@ -241,7 +242,8 @@ def _findings(v: Verdict) -> str:
     return f"<h2>Evidence</h2><ul>{''.join(items)}</ul>"
 
 
-def render(result: Analysis) -> str:
+def render(result: Analysis, bisect: Mapping[str, Any] | None = None) -> str:
+    """`bisect`: a trace bisect's document (bisect.json), drawn as a section above the verdict's details."""
     v = result.verdict
     clock, left_out = _clock(result)
     n_ranks = pc.count_distinct(result.events["rank"]).as_py() if result.events.num_rows else 0
@@ -264,6 +266,7 @@ def render(result: Analysis) -> str:
         f"<style>{_STYLE}</style></head><body>",
         f'<h1 class="{_e(v.status)}">{_e(title)}</h1><p>{_e(v.summary)}</p>',
         "<p>" + "<br>".join(facts) + "</p>" if facts else "",
+        bisect_html.section(bisect) if bisect else "",
         _rank_table(v),
         "<h2>Timeline</h2>", _timeline(ss, v, _last_seen(result, clock), left_out),
         f"<h2>Next steps</h2><ul>{steps}</ul>" if steps else "",
