@@ -344,6 +344,8 @@ def test_the_verdict_orders_the_areas():
     assert h([{"kind": "missing_ranks", "operation": {"name": "all_reduce"},
                "ranks": {"1": {"stack": ["register_graph_buffers (custom_all_reduce.py:80)"]}}}])[0].area == "custom_ar"
     assert [x.area for x in h([{"kind": "init_hang"}])][:2] == ["p2p", "shm"]
+    assert h([{"kind": "missing_ranks", "summary": "rank 1 is in process_exit (beagle.py:3)"}]) == []
+    assert h([{"kind": "missing_ranks", "summary": "rank 1 in sgl_custom_all_reduce"}])[0].area == "custom_ar"
     assert [x.area for x in h([{"kind": "stuck_in_collective", "summary": "NVLS"}])][:2] == ["nvls", "algo"]
     fw = knobs.Framework("vllm", "0.33.0", "")
     _, _, cands = _cands(["vllm", "serve", "m", "-tp", "8"], fw)

@@ -491,7 +491,8 @@ def hints(verdicts: Sequence[Mapping[str, Any]]) -> list[Hint]:
     for v in verdicts:
         text = _verdict_text(v)
         for area, words in AREA_WORDS.items():
-            hit = next((w for w in words if w in text), None)
+            # a word starts where no letter or digit precedes it ("roce" is no hint in "process")
+            hit = next((w for w in words if re.search(r"(?<![a-z0-9])" + re.escape(w), text)), None)
             if hit:
                 add(area, f"the verdict mentions {hit.strip()!r}")
     for v in verdicts:

@@ -151,7 +151,16 @@ def _answer(doc: dict[str, Any], base: Tally | None) -> str:
     luck = fix["chance_by_luck"]
     weak = f" (weak: {luck:.0%} chance of that by luck at the baseline's rate; raise --repeat)" if luck and luck > 0.05 \
         else ""
-    return f"{as_given}; succeeds with {'; '.join(fix['changes'])} ({fix['rates']}){weak}" + _dnm(doc)
+    return f"{as_given}; succeeds with {'; '.join(_said(c) for c in fix['changes'])} ({fix['rates']}){weak}" + _dnm(doc)
+
+
+def _said(change: str) -> str:
+    """A change as a sentence says it: '+ --flag' -> '--flag', '- --flag v' -> 'without --flag v'."""
+    if change.startswith("+ "):
+        return change[2:]
+    if change.startswith("- "):
+        return "without " + change[2:]
+    return change
 
 
 def _fails(t: Tally) -> str:
@@ -160,7 +169,7 @@ def _fails(t: Tally) -> str:
 
 
 def _dnm(doc: dict[str, Any]) -> str:
-    d = [x["changes"] for x in doc["do_not_matter"]]
+    d = ["; ".join(_said(c) for c in x["changes"].split("; ")) for x in doc["do_not_matter"]]
     if not d:
         return ""
     return f"; {', '.join(d)} {'does' if len(d) == 1 else 'do'} not matter"

@@ -65,11 +65,12 @@ class Stopper:
 
     def __init__(self) -> None:
         self.requests = 0
-        self.signal: int | None = None
+        self.signal: int | None = None   # the first one (trace bisect then exits 128 + it)
 
     def __call__(self, signum: int, _frame: object) -> None:
         self.requests += 1
-        self.signal = signum
+        if self.signal is None:
+            self.signal = signum
 
     @contextlib.contextmanager
     def installed(self) -> Iterator["Stopper"]:
@@ -290,7 +291,9 @@ def _classify(spec: RunSpec, rc: int | None, reason: str | None, out: _Output, s
     if reason in ("timeout", "cut"):
         return rec(reason, "stopped: " + ("its --run-timeout" if reason == "timeout" else "the --time budget"))
     if killed_on_hang:
-        return rec("hang", "hang detected, job killed (--on-hang kill)", out.hang_at)
+        said = "" if not verdict or verdict.get("status") == "hang" else \
+            f"; the verdict is {verdict.get('status')}/{verdict.get('kind')}"
+        return rec("hang", f"hang detected, job killed (--on-hang kill){said}", out.hang_at)
     if meta is None:
         line = _log_tail(spec.log, 2000).decode(errors="replace").strip().splitlines()
         return rec("error", "trace run did not start the job: " + (line[-1] if line else f"exit {rc}"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import statistics
 import sys
 import time
@@ -68,7 +69,7 @@ def parse_duration(text: str) -> float:
 
 
 def _safe(name: str, limit: int = 60) -> str:
-    s = re.sub(r"[^A-Za-z0-9_.=+-]+", "-", name).strip("-.") or "run"
+    s = re.sub(r"-{3,}", "--", re.sub(r"[^A-Za-z0-9_.=-]+", "-", name)).strip("-.") or "run"
     return s[:limit].rstrip("-.")
 
 
@@ -155,6 +156,10 @@ class _Session:
 
     # -- running ----------------------------------------------------------------------------------------------------
 
+    def _interrupted(self) -> str:
+        sig = self.stop.signal
+        return "interrupted (Ctrl-C)" if sig in (None, signal.SIGINT) else f"interrupted ({signal.Signals(sig).name})"
+
     def _elapsed(self) -> float:
         return time.monotonic() - self.t0
 
@@ -162,7 +167,7 @@ class _Session:
         """Why the next configuration (K runs) cannot be run, or None."""
         o = self.opts
         if self.stop.requests:
-            return "interrupted (Ctrl-C)"
+            return self._interrupted()
         if o.budget_runs is not None and self.runs_used + o.repeat > o.budget_runs:
             return f"budget: {self.runs_used} of {o.budget_runs} runs used, the next configuration needs {o.repeat}"
         if o.budget_seconds is not None:
@@ -187,7 +192,7 @@ class _Session:
         edits = any(c.knob.variants[c.variant].edits() for c in config.candidates)
         for rep in range(1, o.repeat + 1):
             if self.stop.requests:
-                self.stopped = "interrupted (Ctrl-C)"
+                self.stopped = self._interrupted()
                 return None
             self.runs_used += 1
             index = self.runs_used
@@ -213,7 +218,7 @@ class _Session:
                 self.stopped = f"error: {rec.how}"
                 return None
             if rec.outcome in ("interrupted", "cut"):
-                self.stopped = "interrupted (Ctrl-C)" if rec.outcome == "interrupted" else "time: --time ran out"
+                self.stopped = self._interrupted() if rec.outcome == "interrupted" else "time: --time ran out"
                 return None
             if rec.outcome == "rejected":
                 break  # an argument error repeats itself: no need to see it K times
@@ -312,7 +317,7 @@ class _Session:
         (self.root / "bisect.json").write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
         (self.root / "bisect.txt").write_text(text, encoding="utf-8")
         self._html(doc, hung)
-        code = EXIT["interrupted"] if self.stop.requests else EXIT.get(doc["status"], 3)
+        code = 128 + (self.stop.signal or 2) if self.stop.requests else EXIT.get(doc["status"], 3)
         return BisectResult(self.root, doc, text, code, self.problems)
 
 
