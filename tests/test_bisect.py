@@ -54,6 +54,7 @@ def write_knobs(path: Path, text: str) -> Path:
 def bisect(tmp: Path, args: list[str], timeout: float = 400, **env: str) -> tuple[subprocess.CompletedProcess[str],
                                                                                  dict]:
     out = tmp / "b"
+    env.setdefault("RANKTRACE_LOCK_DIR", str(tmp / "locks"))  # other test runs on this machine hold their own
     res = run_trace(["bisect", "-o", str(out), "--json"] + args, timeout=timeout, env=trace_env(**env))
     doc = json.loads((out / "bisect.json").read_text()) if (out / "bisect.json").exists() else {}
     return res, doc
@@ -207,8 +208,8 @@ def test_ctrl_c_stops_the_search_prints_what_is_known_and_leaves_nothing(tmp_pat
     proc = subprocess.Popen(TRACE + ["bisect", "-o", str(out), "--repeat", "1", "--hang-after", "2",
                                      "--startup-hang-after", "2", "--knobs",
                                      str(_user_knobs(tmp_path)), "--", PY, str(KNOB_JOB), "--needs", "KC=1"],
-                            env=trace_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            env=trace_env(RANKTRACE_LOCK_DIR=str(tmp_path / "locks")), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not list(out.glob("runs/02-*.log")):
@@ -231,12 +232,14 @@ def test_ctrl_c_stops_the_search_prints_what_is_known_and_leaves_nothing(tmp_pat
 
 
 def test_usage_errors_before_anything_runs(tmp_path: Path):
+    env = trace_env(RANKTRACE_LOCK_DIR=str(tmp_path / "locks"))
     bad = write_knobs(tmp_path / "bad.toml", 'only = ["NO_SUCH_KNOB"]\n')
-    res = run_trace(["bisect", "-o", str(tmp_path / "b"), "--knobs", str(bad), "--", PY, str(KNOB_JOB)])
+    res = run_trace(["bisect", "-o", str(tmp_path / "b"), "--knobs", str(bad), "--", PY, str(KNOB_JOB)], env=env)
     assert res.returncode == 2 and "NO_SUCH_KNOB" in res.stderr and not (tmp_path / "b").exists()
-    res = run_trace(["bisect", "-o", str(tmp_path / "b"), "--repeat", "3", "--budget", "2", "--", PY, str(KNOB_JOB)])
+    res = run_trace(["bisect", "-o", str(tmp_path / "b"), "--repeat", "3", "--budget", "2", "--", PY, str(KNOB_JOB)],
+                    env=env)
     assert res.returncode == 2 and "--budget 2" in res.stderr
-    res = run_trace(["bisect", "-o", str(tmp_path / "b"), "--", "no-such-command-xyz"])
+    res = run_trace(["bisect", "-o", str(tmp_path / "b"), "--", "no-such-command-xyz"], env=env)
     assert res.returncode == 2 and "no-such-command-xyz" in res.stderr and not (tmp_path / "b").exists()
 
 
@@ -244,14 +247,15 @@ def test_one_bisect_per_set_of_gpus(tmp_path: Path):
     """A second bisect on GPUs another one holds is refused before it runs anything (all GPUs overlap with any)."""
     from ranktrace.tracer.launch.bisect import runner
 
-    with runner.gpu_lock({"CUDA_VISIBLE_DEVICES": "6,7"}):
+    locks = str(tmp_path / "locks")
+    with runner.gpu_lock({"CUDA_VISIBLE_DEVICES": "6,7", "RANKTRACE_LOCK_DIR": locks}):
         for devices in ("7", ""):
             res = run_trace(["bisect", "-o", str(tmp_path / "b"), "--", PY, str(KNOB_JOB)],
-                            env=trace_env(CUDA_VISIBLE_DEVICES=devices))
+                            env=trace_env(CUDA_VISIBLE_DEVICES=devices, RANKTRACE_LOCK_DIR=locks))
             assert res.returncode == 2 and "another trace bisect" in res.stderr, res.stderr
             assert not (tmp_path / "b").exists()
-    with runner.gpu_lock({"CUDA_VISIBLE_DEVICES": "5"}):  # other GPUs: fine
-        with runner.gpu_lock({"CUDA_VISIBLE_DEVICES": "4"}):
+    with runner.gpu_lock({"CUDA_VISIBLE_DEVICES": "5", "RANKTRACE_LOCK_DIR": locks}):  # other GPUs: fine
+        with runner.gpu_lock({"CUDA_VISIBLE_DEVICES": "4", "RANKTRACE_LOCK_DIR": locks}):
             pass
 
 
@@ -438,3 +442,16 @@ def test_search_a_rejected_spelling_is_retried_in_the_next_one():
         pass
     assert ran == ["baseline", "+ --new", "+ --old"] and s.fix == (old,)
     assert Config((old,), "alternative").name == "+ --old"
+
+
+def test_the_bisect_section_escapes_what_came_from_the_job():
+    from ranktrace.analyzers.report import bisect_html
+
+    evil = "<script>alert(1)</script>"
+    doc = {"schema": "ranktrace.bisect/1", "status": "not_reproduced", "answer": evil, "command": ["python", evil],
+           "configurations": [{"name": evil, "effect": "baseline", "rates": "success 1/1",
+                               "runs": [{"dir": "runs/01", "outcome": "success", "seconds": 1.0, "how": evil,
+                                         "verdict": {"kind": "no_hang", "summary": evil, "op": evil}}]}],
+           "fix": None, "not_tried": [{"knob": "A", "changes": evil, "why": "not reached"}], "runs_used": 1}
+    page = bisect_html.page(doc)
+    assert evil not in page and "&lt;script&gt;" in page and page.count("<section") == 1

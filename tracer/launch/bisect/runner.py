@@ -324,11 +324,12 @@ class GpuBusy(Exception):
 @contextlib.contextmanager
 def gpu_lock(env: Mapping[str, str]) -> Iterator[str]:
     """Hold the GPUs the runs will use (CUDA_VISIBLE_DEVICES, else all) for the whole bisect: a second bisect on any
-    of them is refused. All GPUs = the 'all' lock exclusive; some = 'all' shared plus each device exclusive."""
+    of them is refused. All GPUs = the 'all' lock exclusive; some = 'all' shared plus each device exclusive. The
+    locks live in $RANKTRACE_LOCK_DIR (default <tmp>/ranktrace-bisect-<uid>)."""
     devices = [d.strip() for d in (env.get("CUDA_VISIBLE_DEVICES") or "").split(",") if d.strip()]
     key = ",".join(devices) if devices else "all"
-    where = Path(tempfile.gettempdir()) / f"ranktrace-bisect-{os.getuid()}"
-    where.mkdir(mode=0o700, exist_ok=True)
+    where = Path(env.get("RANKTRACE_LOCK_DIR") or Path(tempfile.gettempdir()) / f"ranktrace-bisect-{os.getuid()}")
+    where.mkdir(mode=0o700, parents=True, exist_ok=True)
     held: list[IO[str]] = []
     try:
         wanted = [("all", fcntl.LOCK_EX if not devices else fcntl.LOCK_SH)]

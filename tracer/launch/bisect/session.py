@@ -289,12 +289,15 @@ class _Session:
         from ranktrace.analyzers.report import bisect_html, html_report
         from ranktrace.tracer.watch import live
 
-        try:
-            if hung is not None:
+        page = None
+        if hung is not None:  # the best hung run's own page, with the bisect on top
+            try:
                 page = html_report.render(facade.analyze([hung.run_dir], liveness=live.liveness([hung.run_dir])),
                                           bisect=doc)
-            else:
-                page = bisect_html.page(doc)
+            except Exception as e:  # its trace may be damaged: the bisect alone then
+                self.problems.append(f"report.html without the hung run's timeline: {type(e).__name__}: {e}")
+        try:
+            page = page if page is not None else bisect_html.page(doc)
             (self.root / "report.html").write_text(page, encoding="utf-8", errors="backslashreplace")
         except Exception as e:  # the page is extra; bisect.json is what must land
             self.problems.append(f"report.html not written: {type(e).__name__}: {e}")
