@@ -132,6 +132,9 @@ class Search:
                 yield from self._refine(c)
                 return
         union = self._union(tried)
+        if not self.singles:
+            self.status, self.note = "no_fix", "no knob changes this command (see skipped; a knobs file can add some)"
+            return
         if len(union) < 2:
             self.status = "no_fix"
             self.note = "no knob alone turns the failure into success" + (
