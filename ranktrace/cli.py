@@ -1,4 +1,4 @@
-"""The `trace` / `ranktrace` command (run, analyze, attach, snapshot, compare, --version): the only place that
+"""The `trace` / `ranktrace` command (run, bisect, analyze, attach, snapshot, compare, --version): the only place that
 writes to the terminal and maps outcomes to exit codes. Commands import what they use when they run."""
 from __future__ import annotations
 
@@ -162,6 +162,72 @@ def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll
         sys.exit(3)
     _err(f"{launcher.describe_exit(outcome.returncode)}; trace in {outcome.run_dir}")
     sys.exit(outcome.exit_code)
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("-o", "--output", "output", type=click.Path(path_type=Path), default=None,
+              help="Bisect folder to create (default traces/<timestamp>-bisect-<name>/): every run's trace dir under "
+                   "runs/, bisect.json, bisect.txt, compare.txt, report.html. Never overwritten.")
+@click.option("--budget", type=click.IntRange(min=1), default=None, metavar="N",
+              help="At most N runs in all, the baseline's included (default 20 unless --time is given).")
+@click.option("--time", "time_budget", default=None, metavar="T",
+              help="At most this long in all (seconds, or 90s / 15m / 2h): no configuration is started that cannot "
+                   "finish in time, and a run still going when it runs out is stopped.")
+@click.option("--repeat", type=click.IntRange(min=1), default=2, show_default=True, metavar="K",
+              help="Runs per configuration: a knob fixes the hang only if all K of its runs succeed; rates are "
+                   "reported for flaky hangs.")
+@click.option("--knobs", "knobs_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="A TOML (or .json) file that adds [[knob]]s, removes some (remove = [name, \"area:net\"]), keeps "
+                   "only some (only = [...]) or tries some first (first = [...]).")
+@click.option("--framework", default=None, metavar="NAME[==VER]",
+              help="sglang, vllm, torch, python or unknown, optionally with its release (detected otherwise).")
+@click.option("--hang-after", type=click.FloatRange(min=1), default=60.0, show_default=True,
+              help="Seconds without progress that count as a hang (trace run --hang-after).")
+@click.option("--startup-hang-after", type=click.FloatRange(min=1), default=600.0, show_default=True,
+              help="The same before the first collective (trace run --startup-hang-after).")
+@click.option("--ready", default=None, metavar="REGEX",
+              help="A line of the job's output that means it serves: the run counts as a success and is stopped "
+                   "(default: SGLang's and vLLM's own ready lines); otherwise success is exit status 0.")
+@click.option("--run-timeout", default="1h", show_default=True, metavar="T",
+              help="Stop a run that neither hangs, ends nor gets ready within this (outcome: timeout).")
+@click.option("--hook", "hook_targets", multiple=True, metavar="MODULE:QUALNAME[=CATEGORY]", callback=_check_hooks,
+              help="Passed to every trace run (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print bisect.json (schema ranktrace.bisect/1) instead of text.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def bisect(output: Path | None, budget: int | None, time_budget: str | None, repeat: int, knobs_file: Path | None,
+           framework: str | None, hang_after: float, startup_hang_after: float, ready: str | None, run_timeout: str,
+           hook_targets: tuple[str, ...], as_json: bool, command: tuple[str, ...]) -> None:
+    """Find the knob that makes a hang go away: trace bisect [OPTIONS] -- CMD ARGS...
+
+    Runs CMD under `trace run --hang-after S --on-hang kill`, K times as given, then with one knob changed at a time
+    (NCCL / torch variables, SGLang / vLLM flags), in the order the verdict points at, one job at a time, each fully
+    reaped, until every run of a configuration succeeds; prints the table of runs, the smallest change that fixes it
+    and what that suggests. Exit 0 fix found, 3 failure reproduced but no fix found, 4 the command never failed,
+    2 usage error, 130 Ctrl-C (what is known is still printed)."""
+    import json as _json
+
+    from ranktrace.tracer.launch.bisect import BisectError, BisectOptions, parse_duration, run_bisect
+
+    try:
+        seconds = parse_duration(time_budget) if time_budget is not None else None
+        per_run = parse_duration(run_timeout)
+    except ValueError as e:
+        _err(str(e))
+        sys.exit(EXIT_USAGE)
+    opts = BisectOptions(command=tuple(command), out=output, repeat=repeat,
+                         budget_runs=budget if budget is not None or seconds is not None else 20,
+                         budget_seconds=seconds, knobs_file=knobs_file, framework=framework, hang_after=hang_after,
+                         startup_hang_after=max(startup_hang_after, hang_after), ready=ready, run_timeout=per_run,
+                         hooks=hook_targets)
+    try:
+        result = run_bisect(opts)
+    except BisectError as e:
+        _err(str(e))
+        sys.exit(EXIT_USAGE)
+    for p in result.problems:
+        _err(p)
+    click.echo(_json.dumps(result.doc, indent=2, default=str) if as_json else result.text, nl=as_json)
+    sys.exit(result.exit_code)
 
 
 def _refresh(run_dir: Path) -> Analysis:

@@ -18,13 +18,14 @@ import html
 import shlex
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ranktrace.analyzers.model import Analysis
+from ranktrace.analyzers.report import bisect_html
 from ranktrace.analyzers.report.spans import Mark, Span, as_of, span_table
 from ranktrace.analyzers.report.words import plain, shown_findings, state_text
 from ranktrace.analyzers.verdict import RankState, Verdict, compact_ranks, operation_text
@@ -530,7 +531,8 @@ def _findings(v: Verdict) -> str:
     return f"<h2>Evidence</h2><ul>{''.join(items)}</ul>"
 
 
-def render(result: Analysis) -> str:
+def render(result: Analysis, bisect: Mapping[str, Any] | None = None) -> str:
+    """`bisect`: a trace bisect's document (bisect.json), drawn as a section above the verdict's details."""
     v = result.verdict
     facts = []
     if v.operation is not None:
@@ -551,6 +553,7 @@ def render(result: Analysis) -> str:
         f'<h1 class="{_e(v.status)}">{_e(title)}</h1><p>{_e(plain(v.summary))}</p>',
         _run_header(result),
         "<p>" + "<br>".join(facts) + "</p>" if facts else "",
+        bisect_html.section(bisect) if bisect else "",
         _rank_table(v),
         "<h2>Timeline</h2>", _timeline(result, v),
         f"<h2>Next steps</h2><ul>{steps}</ul>" if steps else "",
