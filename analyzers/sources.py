@@ -2,6 +2,7 @@
 bad file never stops the analysis, it becomes a ``Skipped`` entry the verdict reports."""
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -254,8 +255,31 @@ def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], 
     for sub in ("dumps", "nccl", "logs"):
         if (hd / sub).is_dir():
             files.extend(_walk(hd / sub))
+    _read_host_nsys(hd, results, skipped)
     ended = bool(meta and meta.get("exit"))
     return HostRun(hd, meta, ended)
+
+
+def _read_host_nsys(hd: Path, results: list[ReadResult], skipped: list[Skipped]) -> None:
+    """``trace run --nsys`` exports (``<host>/nsys/*.sqlite``): read as this host's, so their pids take the ranks of
+    the rings (nsys names the machine its own way)."""
+    if not (hd / "nsys").is_dir():
+        return
+    from ranktrace.analyzers.readers import nsys
+
+    for export in sorted((hd / "nsys").glob("*.sqlite")):
+        try:
+            res = nsys.read(export)
+        except ReaderError as e:
+            skipped.append(Skipped(str(export), None, e.reason))
+            continue
+        for name in ("events", "observations", "stacks"):
+            table = getattr(res, name)
+            if table.num_rows and "host" in table.column_names:
+                i = table.schema.get_field_index("host")
+                table = table.set_column(i, "host", pa.repeat(pa.scalar(hd.name, pa.string()), table.num_rows))
+                res = dataclasses.replace(res, **{name: table})
+        results.append(res)
 
 
 def _fill_ranks(inputs: Inputs) -> None:

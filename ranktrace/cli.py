@@ -88,10 +88,15 @@ def _check_hooks(_ctx: click.Context, _param: click.Parameter, values: tuple[str
 @click.option("--hook", "hook_targets", multiple=True, metavar="MODULE:QUALNAME[=CATEGORY]", callback=_check_hooks,
               help="Also record calls of this function or method (repeatable). CATEGORY: phase, collective, graph, "
                    "sync or user (default). collective: aligned across ranks by object and call count.")
+@click.option("--nsys", "use_nsys", is_flag=True,
+              help="Run the job under Nsight Systems (CUDA, NVTX, OS runtime; CUDA graphs and NCCL where nsys has "
+                   "them). On a hang the report is written and exported before the verdict and before --on-hang "
+                   "kill; it lands in <run>/<host>/nsys/ and joins the verdict. Without nsys: one line, no nsys.")
+@click.option("--nsys-args", default="", metavar='"ARGS"', help="More `nsys profile` switches (one quoted string).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll: bool, analyze: bool,
         hang_after: float, startup_hang_after: float, on_hang: str, native_stacks: bool, monitor: bool,
-        hook_targets: tuple[str, ...], command: tuple[str, ...]) -> None:
+        hook_targets: tuple[str, ...], use_nsys: bool, nsys_args: str, command: tuple[str, ...]) -> None:
     """Run COMMAND with every rank traced: trace run [OPTIONS] -- CMD ARGS..."""
     from ranktrace.tracer.launch import finalize
     from ranktrace.tracer.launch import launcher
@@ -99,7 +104,8 @@ def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll
     from ranktrace.tracer.watch.monitor import MonitorOptions
 
     opts = launcher.RunOptions(command=tuple(command), out=output, name=name, nccl_debug=nccl_debug,
-                               nccl_coll=nccl_coll, hooks=hook_targets)
+                               nccl_coll=nccl_coll, hooks=hook_targets, nsys=use_nsys or bool(nsys_args),
+                               nsys_args=nsys_args)
     mon = MonitorOptions(hang_after=hang_after, startup_hang_after=max(startup_hang_after, hang_after),
                          on_hang=on_hang, native_stacks=native_stacks) if monitor else None
     try:
