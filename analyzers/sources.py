@@ -27,7 +27,7 @@ __all__ = ["Inputs", "InputError", "InputRead", "collect", "STRUCTURED", "HostRu
 STRUCTURED = ("ranktrace_ring", "nsys", "flight_recorder", "kineto", "nccl_ras", "pyspy")
 _JSON_ONLY = frozenset({"nccl_ras", "pyspy"})  # their text forms are text families like the others
 HEAD_BYTES = 64 * 1024
-_OWN_FILES = {"meta.json", "verdict.json", "report.html", "events.arrow", "proc.json", "problems.txt"}
+_OWN_FILES = {"meta.json", "verdict.json", "report.html", "events.arrow", "proc.json", "problems.txt", "system.json"}
 
 
 class InputError(Exception):
@@ -220,6 +220,13 @@ def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], 
             skipped.append(Skipped(str(mp), None, f"corrupt meta.json ({e}); job status unknown"))
     else:
         skipped.append(Skipped(str(mp), None, "missing meta.json; job status unknown"))
+    if meta is not None and (hd / "system.json").exists():   # trace run's machine facts (tracer/launch/sysfacts.py)
+        try:
+            system = json.loads((hd / "system.json").read_text())
+            if isinstance(system, dict):
+                meta = {**meta, "system": system}
+        except (OSError, ValueError) as e:
+            skipped.append(Skipped(str(hd / "system.json"), None, f"unreadable ({e})"))
     host = hd.name
     used_arrow = False
     ev = hd / "events.arrow"

@@ -30,6 +30,7 @@ from ranktrace.tracer.launch import envplan
 from ranktrace.tracer.launch import hostinfo
 from ranktrace.tracer.launch import meta
 from ranktrace.tracer.launch import nsys
+from ranktrace.tracer.launch import sysfacts
 from ranktrace.tracer.watch.monitor import Monitor, MonitorOptions
 from ranktrace.tracer.watch.statusline import StatusLine
 from ranktrace.tracer.launch.terminal import JobTerminal, controlling_tty
@@ -195,6 +196,7 @@ def launch(
     The steps: check and prepare (``_prepare``: nothing starts on a usage error) -> start the job (``_start``) ->
     watch it until it exits (``_Job``, ``_supervise``) -> record its exit in meta.json (``_record_exit``)."""
     run_dir, host_dir, plan = _prepare(opts)
+    machine = sysfacts.start(host_dir)   # topology, P2P, IOMMU/ACS for trace compare, in the background
     fast_error = _fastpath_problem()
     if fast_error:
         log(f"compiled fast path unavailable ({fast_error}): each traced call costs ~2 us instead of < 1 us")
@@ -209,6 +211,7 @@ def launch(
     returncode, gpu = _supervise(job, proc, tick_s)
     if ns is not None:
         ns.finish()
+    machine.join()
     _record_exit(host_dir, returncode, job, gpu.result(log), log)
     if ns is not None:
         try:
