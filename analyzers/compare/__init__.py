@@ -15,13 +15,16 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-import pyarrow.compute as pc
-
 from ranktrace.analyzers import facade
 from ranktrace.analyzers.compare import decisions, facts, sequences, timings
 from ranktrace.analyzers.model import Analysis, Comparison, Divergence, Liveness
 
 __all__ = ["Comparison", "Divergence", "compare_paths", "compare_analyses", "describe_inputs"]
+
+
+_INPUT_NAMES = {"nccl_log": "NCCL log", "nsys": "nsys export", "kineto": "Kineto trace",
+                "flight_recorder": "Flight Recorder dump", "pyspy": "py-spy dump", "watchdog": "watchdog log",
+                "server_log": "server log", "nvidia_smi": "nvidia-smi output"}
 
 
 def describe_inputs(an: Analysis) -> str:
@@ -32,15 +35,14 @@ def describe_inputs(an: Analysis) -> str:
         parts.append(f"ranktrace run{'' if len(an.hosts) == 1 else f' on {len(an.hosts)} hosts'}"
                      + (f", {n} ranks" if n else ""))
     kinds: dict[str, int] = {}
-    for src in ("nccl", "nsys", "kineto", "fr", "pyspy", "watchdog", "server_log"):
-        for table in (an.events, an.observations):
-            if table.num_rows and "source" in table.column_names:
-                files = pc.unique(table.filter(pc.equal(table["source"], src))["file"]).to_pylist()
-                if files:
-                    kinds[src] = max(kinds.get(src, 0), len(files))
-    names = {"nccl": "NCCL log", "nsys": "nsys export", "kineto": "Kineto trace", "fr": "Flight Recorder dump",
-             "pyspy": "py-spy dump", "watchdog": "watchdog log", "server_log": "server log"}
-    parts += [f"{n} {names[k]}{'s' if n > 1 else ''}" for k, n in kinds.items()]
+    for read in an.verdict.input_reads:
+        for family in read.recognised:
+            if family in _INPUT_NAMES:
+                kinds[family] = kinds.get(family, 0) + 1
+    exports = sum(1 for f in an.files if Path(f).parent.name == "nsys" and f.endswith(".sqlite"))  # trace run --nsys
+    if exports:
+        kinds["nsys"] = kinds.get("nsys", 0) + exports
+    parts += [f"{n} {_INPUT_NAMES[k]}{'s' if n > 1 else ''}" for k, n in sorted(kinds.items())]
     return "; ".join(parts) or "no recognised input"
 
 

@@ -17,12 +17,13 @@ import pyarrow.compute as pc
 
 from ranktrace.analyzers.model import Analysis, Divergence, OpRef
 
-__all__ = ["OpSequences", "op_sequences", "first_divergence", "relatedness", "op_counts", "SOURCE_ORDER"]
+__all__ = ["OpSequences", "op_sequences", "first_divergence", "relatedness", "op_counts", "SOURCE_ORDER", "filter_rows"]
 
 #: which evidence gives a rank's sequence when several do (the most direct first)
 SOURCE_ORDER = ("events", "fr", "nccl", "nsys", "kineto", "watchdog")
 _HASHLIKE = re.compile(r"^(?:0x[0-9a-f]+|comm:|split:)")
 _COLS = ("rank", "phase", "group", "name", "seq", "dtype", "shape", "callsite")
+_RELATEDNESS_SAMPLE = 200_000   # ops per run whose distinct (op, dtype, shape) decide whether two runs are one job
 
 
 @dataclass
@@ -40,83 +41,100 @@ class OpSequences:
 
     def op(self, row: int) -> OpRef:
         r = self.table.slice(row, 1).to_pylist()[0]
-        return OpRef(op=r["name"], group=r["group"], seq=r["seq"], phase=r["phase"], dtype=r["dtype"],
-                     shape=r["shape"], callsite=r["callsite"])
+        return OpRef(op=r["name"], group=r["group"] or None, seq=None if r["seq"] == -1 else r["seq"],
+                     phase=r["phase"] or None, dtype=r["dtype"] or None, shape=r["shape"] or None,
+                     callsite=r["callsite"])
+
+
+def filter_rows(table: pa.Table, mask: pa.ChunkedArray | pa.Array) -> pa.Table:
+    """``table.filter(mask)``, column by column (Table.filter with a mask chunked unlike the columns is several times
+    slower at millions of rows), and nothing at all when every row is kept."""
+    if pc.all(pc.fill_null(mask, False)).as_py():
+        return table
+    return pa.table({name: table[name].filter(mask) for name in table.column_names})
 
 
 def _choose_source(ops: pa.Table) -> str | None:
     if not ops.num_rows:
         return None
-    counts = {r["source"]: r["source_count"] for r in
-              ops.group_by(["source"], use_threads=False).aggregate([("source", "count")]).to_pylist()}
+    vc = pc.value_counts(ops["source"]).to_pylist()   # ops rows are one per op: a few million at most
+    counts = {r["values"]: r["counts"] for r in vc}
     for s in SOURCE_ORDER:
         if counts.get(s):
             return s
     return max(counts, key=lambda k: counts[k]) if counts else None
 
 
-def _group_labels(groups: pa.ChunkedArray, descs: pa.ChunkedArray) -> pa.Array:
-    """group_desc where known, else the group; per-run hashes renamed comm#1, comm#2 ... by first use."""
-    base = pc.coalesce(descs, groups).combine_chunks() if len(groups) else pa.array([], pa.string())
-    enc = base.dictionary_encode()
-    dictionary = enc.dictionary.to_pylist()
-    codes = np.asarray(pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
-    first = np.full(len(dictionary), np.iinfo(np.int64).max, dtype=np.int64)
-    valid = codes >= 0
-    np.minimum.at(first, codes[valid], np.flatnonzero(valid))
-    renamed: list[str | None] = list(dictionary)
-    k = 0
-    for idx in np.argsort(first, kind="stable").tolist():
-        if dictionary[idx] is not None and _HASHLIKE.match(str(dictionary[idx])):
-            k += 1
-            renamed[idx] = f"comm#{k}"
-    return pa.DictionaryArray.from_arrays(enc.indices, pa.array(renamed, pa.string())).cast(pa.string())
+def _group_labels(groups: pa.ChunkedArray, descs: pa.ChunkedArray) -> pa.ChunkedArray | pa.Array:
+    """group_desc where known, else the group; per-run hashes renamed comm#1, comm#2 ... by first use (only then is
+    the column re-encoded: our own group names are stable across runs and pass through)."""
+    base = pc.coalesce(descs, groups) if len(groups) else pa.array([], pa.string())
+    names = [n for n in pc.unique(base).to_pylist() if n is not None]
+    hashlike = [n for n in names if _HASHLIKE.match(str(n))]
+    if not hashlike:
+        return base
+    idx = pc.index_in(base, value_set=pa.array(hashlike, pa.string()))
+    codes = np.asarray(pc.fill_null(idx, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
+    first = [int(np.argmax(codes == i)) for i in range(len(hashlike))]
+    renamed = {hashlike[i]: f"comm#{k + 1}" for k, i in enumerate(np.argsort(first, kind="stable").tolist())}
+    new = pc.take(pa.array([renamed[h] for h in hashlike], pa.string()), idx)
+    return pc.if_else(pc.is_valid(idx), new, base)
 
 
 def _phases(an: Analysis, rank: np.ndarray, t: np.ndarray, t_ok: np.ndarray) -> pa.Array:
     """The phase each op was issued in: the innermost phase span (category ``phase``) open on its rank at its time;
     ops issued inside a CUDA graph capture are in ``graph capture``."""
     ev = an.events
-    labels = np.full(rank.size, None, dtype=object)
-    if ev.num_rows and rank.size:
-        ph = ev.filter(pc.and_(pc.equal(ev["category"], "phase"), pc.is_valid(ev["t_ns"])))
-        if ph.num_rows:
-            ph = ph.select(["rank", "pid", "span_id", "kind", "name", "t_ns"]).to_pylist()
-            spans: dict[tuple[Any, Any, Any], list[Any]] = {}
-            for r in ph:
-                key = (r["rank"], r["pid"], r["span_id"] if r["span_id"] is not None else r["name"])
-                s = spans.setdefault(key, [r["rank"], r["name"], None, None])
-                if r["kind"] == "enter" and s[2] is None:
-                    s[2] = r["t_ns"]
-                elif r["kind"] in ("exit", "error"):
-                    s[3] = r["t_ns"]
-            for prank, name, start, end in sorted((s for s in spans.values() if s[0] is not None and s[2] is not None),
-                                                  key=lambda s: s[2]):
-                stop = end if end is not None else np.iinfo(np.int64).max
-                mask = (rank == prank) & t_ok & (t >= start) & (t < stop)
-                labels[mask] = name
-    return pa.array(labels.tolist(), pa.string())
+    if not ev.num_rows or not rank.size:
+        return pa.nulls(rank.size, pa.string())
+    ev = ev.select(["category", "rank", "pid", "span_id", "kind", "name", "t_ns"])
+    ph = ev.filter(pc.equal(ev["category"], "phase"))
+    ph = ph.filter(pc.is_valid(ph["t_ns"]))
+    if not ph.num_rows:
+        return pa.nulls(rank.size, pa.string())
+    spans: dict[tuple[Any, Any, Any], list[Any]] = {}
+    for r in ph.select(["rank", "pid", "span_id", "kind", "name", "t_ns"]).to_pylist():
+        key = (r["rank"], r["pid"], r["span_id"] if r["span_id"] is not None else r["name"])
+        s = spans.setdefault(key, [r["rank"], r["name"], None, None])
+        if r["kind"] == "enter" and s[2] is None:
+            s[2] = r["t_ns"]
+        elif r["kind"] in ("exit", "error"):
+            s[3] = r["t_ns"]
+    names: list[str] = []
+    codes = np.full(rank.size, -1, dtype=np.int32)
+    for prank, name, start, end in sorted((s for s in spans.values() if s[0] is not None and s[2] is not None),
+                                          key=lambda s: s[2]):
+        if name not in names:
+            names.append(name)
+        stop = end if end is not None else np.iinfo(np.int64).max
+        codes[(rank == prank) & t_ok & (t >= start) & (t < stop)] = names.index(name)
+    return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), pa.array(names, pa.string())).cast(
+        pa.string())
 
 
 def op_sequences(an: Analysis) -> OpSequences:
-    """Each rank's issued ops in issue order, from one source (see ``SOURCE_ORDER``)."""
+    """Each rank's issued ops in issue order, from one source (see ``SOURCE_ORDER``). The ops table already comes
+    ordered by (rank, time of issue) (timeline.build_ops), so this only filters; nulls become "" / -1 so that two
+    runs' columns compare element by element."""
     ops = an.ops
     source = _choose_source(ops)
     if source is None:
         return OpSequences(pa.table({c: pa.array([], pa.string()) for c in _COLS}), None, {})
-    ops = ops.filter(pc.and_(pc.and_(ops["issued"], pc.equal(ops["source"], source)), pc.is_valid(ops["rank"])))
-    t = pc.coalesce(ops["t_enter"], ops["wall_enter"])
-    ops = ops.append_column("t", t).sort_by([("rank", "ascending"), ("t", "ascending"), ("line", "ascending")])
+    ops = ops.select(["rank", "t_enter", "line", "issued", "source", "group", "group_desc", "name", "seq", "dtype",
+                      "shape", "callsite", "capturing"])   # filtering few columns is many times faster
+    ops = filter_rows(ops, pc.and_(pc.and_(ops["issued"], pc.equal(ops["source"], source)), pc.is_valid(ops["rank"])))
     rank = np.asarray(ops["rank"].to_numpy(), dtype=np.int64)
-    t_np = np.asarray(pc.fill_null(ops["t"], 0).to_numpy(), dtype=np.int64)
-    t_ok = np.asarray(pc.is_valid(ops["t"]).to_numpy(zero_copy_only=False), dtype=bool)
+    t_np = np.asarray(pc.fill_null(ops["t_enter"], 0).to_numpy(), dtype=np.int64)
+    t_ok = np.asarray(pc.is_valid(ops["t_enter"]).to_numpy(zero_copy_only=False), dtype=bool)
     phase = _phases(an, rank, t_np, t_ok)
     capturing = np.asarray(pc.fill_null(ops["capturing"], False).to_numpy(zero_copy_only=False), dtype=bool)
     if capturing.any():
         phase = pc.if_else(pa.array(capturing), pa.scalar("graph capture"), phase)
     table = pa.table({
-        "rank": ops["rank"], "phase": phase, "group": _group_labels(ops["group"], ops["group_desc"]),
-        "name": ops["name"], "seq": ops["seq"], "dtype": ops["dtype"], "shape": ops["shape"],
+        "rank": ops["rank"], "phase": pc.fill_null(phase, ""),
+        "group": pc.fill_null(_group_labels(ops["group"], ops["group_desc"]), ""),
+        "name": pc.fill_null(ops["name"], ""), "seq": pc.fill_null(ops["seq"], -1),
+        "dtype": pc.fill_null(ops["dtype"], ""), "shape": pc.fill_null(ops["shape"], ""),
         "callsite": ops["callsite"],
     })
     bounds: dict[int, tuple[int, int]] = {}
@@ -124,65 +142,39 @@ def op_sequences(an: Analysis) -> OpSequences:
         cuts = np.flatnonzero(np.diff(rank)) + 1
         starts = np.concatenate(([0], cuts))
         ends = np.concatenate((cuts, [rank.size]))
-        for s, e in zip(starts.tolist(), ends.tolist()):
-            bounds[int(rank[s])] = (s, e)
+        for s0, e0 in zip(starts.tolist(), ends.tolist()):
+            r = int(rank[s0])
+            if r in bounds:   # not ordered by rank after all (a source without times): keep the first run
+                continue
+            bounds[r] = (s0, e0)
     return OpSequences(table, source, bounds)
-
-
-def _codes(col_a: pa.ChunkedArray | pa.Array, col_b: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray,
-                                                                                          int]:
-    """Joint integer codes of one column over both runs (null -> 0)."""
-    both = pa.chunked_array([c for c in (col_a, col_b) for c in (c.chunks if isinstance(c, pa.ChunkedArray) else [c])],
-                            type=col_a.type)
-    if pa.types.is_integer(both.type):
-        vals = np.asarray(pc.fill_null(both, -1).to_numpy(), dtype=np.int64)
-        uniq, inv = np.unique(vals, return_inverse=True)
-        codes, n = inv.astype(np.int64), int(uniq.size)
-    else:
-        enc = pc.dictionary_encode(both).combine_chunks()
-        codes = np.asarray(pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False), dtype=np.int64) + 1
-        n = len(enc.dictionary) + 1
-    na = len(col_a)
-    return codes[:na], codes[na:], n
-
-
-def _keys(sa: OpSequences, sb: OpSequences, columns: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """One int64 per op for both runs: equal keys = the same (columns) values."""
-    ka = np.zeros(sa.table.num_rows, dtype=np.int64)
-    kb = np.zeros(sb.table.num_rows, dtype=np.int64)
-    for col in columns:
-        ca, cb, n = _codes(sa.table[col], sb.table[col])
-        if n > 1 and int(max(ka.max(initial=0), kb.max(initial=0))) > (np.iinfo(np.int64).max // n) - n:
-            # re-encode the combined keys so far before they overflow
-            _, inv = np.unique(np.concatenate((ka, kb)), return_inverse=True)
-            ka, kb = inv[:ka.size].astype(np.int64), inv[ka.size:].astype(np.int64)
-        ka = ka * n + ca
-        kb = kb * n + cb
-    return ka, kb
 
 
 def first_divergence(sa: OpSequences, sb: OpSequences, *, with_shapes: bool = True) -> list[Divergence]:
     """Per rank present in both runs, the first position where B's (phase, group, op, seq, dtype[, shape]) sequence
-    departs from A's (an op one run issued and the other did not, or issued differently)."""
+    departs from A's (an op one run issued and the other did not, or issued differently). Column by column, the
+    two runs' aligned slices are compared element-wise in C: no per-op Python, no hashing."""
     cols = ("phase", "group", "name", "seq", "dtype") + (("shape",) if with_shapes else ())
-    if not sa.bounds or not sb.bounds:
-        return []
-    ka, kb = _keys(sa, sb, cols)
     out: list[Divergence] = []
     for r in sorted(sa.ranks & sb.ranks):
         a0, a1 = sa.bounds[r]
         b0, b1 = sb.bounds[r]
-        xa, xb = ka[a0:a1], kb[b0:b1]
-        n = min(xa.size, xb.size)
-        diff = np.flatnonzero(xa[:n] != xb[:n])
+        n = min(a1 - a0, b1 - b0)
+        same = np.ones(n, dtype=bool)
+        for col in cols:
+            if not n:
+                break
+            eq = pc.equal(sa.table[col].slice(a0, n), sb.table[col].slice(b0, n))
+            same &= np.asarray(pc.fill_null(eq, False).to_numpy(zero_copy_only=False), dtype=bool)
+        diff = np.flatnonzero(~same)
         if diff.size:
             pos = int(diff[0])
-        elif xa.size != xb.size:
+        elif a1 - a0 != b1 - b0:
             pos = n
         else:
             continue
-        oa = sa.op(a0 + pos) if pos < xa.size else None
-        ob = sb.op(b0 + pos) if pos < xb.size else None
+        oa = sa.op(a0 + pos) if pos < a1 - a0 else None
+        ob = sb.op(b0 + pos) if pos < b1 - b0 else None
         out.append(Divergence(r, pos, oa.label() if oa else None, ob.label() if ob else None,
                               oa.callsite if oa else None, ob.callsite if ob else None, oa, ob))
     return out
@@ -210,12 +202,20 @@ def relatedness(sa: OpSequences, sb: OpSequences, cmd_a: str | None, cmd_b: str 
         if same_script or cmd_a is None or cmd_b is None:
             return True, "same command" if same_script else "no op sequences to tell"
         return False, f"different commands ({_script(cmd_a)} vs {_script(cmd_b)}) and no op sequence to align"
-    cols = ("name", "dtype") + (("shape",) if with_shapes else ())
-    ka, kb = _keys(sa, sb, cols)
-    ua, ub = np.unique(ka), np.unique(kb)
-    inter = np.intersect1d(ua, ub, assume_unique=True).size
-    jaccard = inter / max(1, np.union1d(ua, ub).size)
-    share = f"{inter} of {np.union1d(ua, ub).size} distinct (op, dtype{', shape' if with_shapes else ''}) shared"
+    cols = ["name", "dtype"] + (["shape"] if with_shapes else [])
+
+    def distinct(s: OpSequences) -> set[tuple[Any, ...]]:
+        table = s.table.select(cols)
+        if table.num_rows > _RELATEDNESS_SAMPLE:   # 16 windows spread over the run: a job's op kinds repeat
+            step, width = table.num_rows // 16, _RELATEDNESS_SAMPLE // 16
+            table = pa.concat_tables([table.slice(i * step, width) for i in range(16)])
+        got = table.group_by(cols, use_threads=False).aggregate([]).to_pylist()
+        return {tuple(row[c] for c in cols) for row in got}
+
+    ua, ub = distinct(sa), distinct(sb)
+    inter, union = len(ua & ub), len(ua | ub)
+    jaccard = inter / max(1, union)
+    share = f"{inter} of {union} distinct (op, dtype{', shape' if with_shapes else ''}) shared"
     if same_script:
         return True, f"same script ({_script(cmd_a)}); {share}"
     if jaccard >= 0.5:

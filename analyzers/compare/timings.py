@@ -6,12 +6,13 @@ sampled past a bound, so 8 ranks x 1M events stay cheap."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ranktrace.analyzers.compare.sequences import filter_rows
 from ranktrace.analyzers.model import Analysis, LatencyRow, PhaseTiming
 
 __all__ = ["phase_durations", "phases_side_by_side", "latency", "latency_side_by_side", "MAX_SAMPLES"]
@@ -20,23 +21,39 @@ MAX_SAMPLES = 400_000      # ops per run a latency distribution is computed from
 _SPAN_CATEGORIES = ("init", "phase", "graph")
 _BASIS = {"events": "host call (our rings)", "nsys": "GPU kernel (nsys)", "kineto": "CPU op to kernel end (Kineto)",
           "fr": "Flight Recorder start to end", "nccl": "interval between enqueues (NCCL COLL timestamps)"}
-_OP_CATEGORIES = pa.array(["collective", "p2p"])
 
 
 def _t(table: pa.Table) -> pa.ChunkedArray:
     return pc.coalesce(table["t_ns"], table["wall_ns"])
 
 
+def _bools(arr: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    if arr.null_count:
+        arr = pc.fill_null(arr, False)
+    return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _ints(arr: pa.ChunkedArray | pa.Array, null: int = -1) -> np.ndarray:
+    if arr.null_count:
+        arr = pc.fill_null(arr, null)
+    return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+_NO_TIME = np.iinfo(np.int64).max
+
+
 def phase_durations(an: Analysis) -> dict[str, tuple[float, str]]:
     """phase -> (seconds of the slowest rank, where from). Spans of category init/phase/graph (enter..exit, by
     span), server-log begin/end marks, CUDA graph captures numbered in order per rank, and the time from the first
-    event to the first collective."""
-    ev = an.events
+    event to the first and the last collective issued."""
     out: dict[str, tuple[float, str]] = {}
-    if not ev.num_rows:
+    if not an.events.num_rows:
         return out
-    sub = ev.filter(pc.and_(pc.is_in(ev["category"], value_set=pa.array(_SPAN_CATEGORIES)),
-                            pc.is_in(ev["kind"], value_set=pa.array(["enter", "exit", "error", "mark"]))))
+    ev = an.events.select(["rank", "pid", "span_id", "kind", "name", "detail", "category", "source", "t_ns",
+                           "wall_ns"])
+    sub = filter_rows(ev, pc.is_in(ev["category"], value_set=pa.array(_SPAN_CATEGORIES)))   # few rows: first
+    sub = sub.filter(pc.and_(pc.is_in(sub["kind"], value_set=pa.array(["enter", "exit", "error", "mark"])),
+                             pc.invert(pc.fill_null(pc.match_substring(sub["name"], "replay"), False))))
     sub = sub.append_column("t", _t(sub))
     sub = sub.filter(pc.is_valid(sub["t"]))
     rows = sub.select(["rank", "pid", "span_id", "kind", "name", "detail", "category", "source", "t"]).to_pylist()
@@ -74,16 +91,26 @@ def phase_durations(an: Analysis) -> dict[str, tuple[float, str]]:
             src.setdefault(name, "server log")
     for name, secs in per.items():
         out[name] = (max(secs), src[name])
-    t_all = _t(ev)
-    coll = ev.filter(pc.and_(pc.is_in(ev["category"], value_set=_OP_CATEGORIES), pc.equal(ev["kind"], "enter")))
-    if coll.num_rows and t_all.null_count < len(t_all):
-        t_coll = _t(coll)
-        if t_coll.null_count < len(t_coll):
-            first = (pc.min(t_coll).as_py() - pc.min(t_all).as_py()) / 1e9
-            out["time to first collective"] = (first, "first event to first collective")
-            last = (pc.max(t_coll).as_py() - pc.min(t_all).as_py()) / 1e9
-            out["time to last collective issued"] = (last, "first event to last collective")
+    first, last, t0 = _collective_span(an)
+    if first is not None and t0 is not None:
+        out["time to first collective"] = ((first - t0) / 1e9, "first event to first collective")
+        out["time to last collective issued"] = ((last - t0) / 1e9, "first event to last collective")
     return out
+
+
+def _collective_span(an: Analysis) -> tuple[int | None, int | None, int | None]:
+    """(first, last) collective issue time (the ops table: one row per op) and the first event's time, in the same
+    clock (CLOCK_MONOTONIC ns where the inputs have it, else wall ns)."""
+    ev, ops = an.events, an.ops
+    if not ev.num_rows or not ops.num_rows:
+        return None, None, None
+    mono = ev["t_ns"].null_count < ev.num_rows
+    t_ev, t_op = (ev["t_ns"], ops["t_enter"]) if mono else (ev["wall_ns"], ops["wall_enter"])
+    coll = pc.is_in(ops["category"], value_set=pa.array(["collective", "p2p"]))
+    t = pc.filter(t_op, pc.and_(coll, pc.is_valid(t_op)))
+    if not len(t) or t_ev.null_count == len(t_ev):
+        return None, None, None
+    return pc.min(t).as_py(), pc.max(t).as_py(), pc.min(t_ev).as_py()
 
 
 def phases_side_by_side(pa_: dict[str, tuple[float, str]], pb: dict[str, tuple[float, str]]) -> list[PhaseTiming]:
@@ -122,50 +149,60 @@ def _durations_by_key(t: np.ndarray, key: np.ndarray, is_start: np.ndarray, is_e
 
 
 def latency(an: Analysis) -> dict[tuple[str, int | None, str], np.ndarray]:
-    """(op, nbytes, basis) -> durations in µs (a sample of at most MAX_SAMPLES per basis)."""
-    ev = an.events
+    """(op, nbytes, basis) -> durations in µs. Past MAX_SAMPLES ops, every k-th span is kept (chosen by span id, or
+    by source row: an op's start and end rows are kept or dropped together), so the cost stays bounded."""
     out: dict[tuple[str, int | None, str], np.ndarray] = {}
-    if not ev.num_rows:
+    if not an.events.num_rows:
         return out
-    ops = ev.filter(pc.is_in(ev["category"], value_set=_OP_CATEGORIES))
-    if not ops.num_rows:
-        return out
-    for source in pc.unique(ops["source"]).to_pylist():
+    ev = an.events.select(["category", "source", "kind", "name", "nbytes", "t_ns", "wall_ns", "span_id", "pid",
+                           "line", "detail", "rank", "group"])
+    # sample first, by span (our rings) or source row (nsys, Kineto), with integer columns only: the string masks
+    # below then run on at most ~2 x MAX_SAMPLES rows, however big the run
+    k = max(1, -(-an.ops.num_rows // MAX_SAMPLES))
+    if k > 1:
+        span = _ints(ev["span_id"])
+        keep = (span >= 0) & (span % k == 0)
+        nospan = np.flatnonzero(span < 0)
+        if nospan.size:   # NCCL COLL lines are kept whole: their intervals need every line
+            line = _ints(ev["line"].take(pa.array(nospan)))
+            nccl = _bools(pc.equal(ev["source"].take(pa.array(nospan)), "nccl"))
+            keep[nospan[nccl | (line % k == 0)]] = True
+        ev = filter_rows(ev, pa.array(keep))
+    ev = filter_rows(ev, pc.is_in(ev["category"], value_set=pa.array(["collective", "p2p"])))
+    t_all = _ints(_t(ev), _NO_TIME)
+    for source in pc.unique(ev["source"]).to_pylist():
         if source not in _BASIS:
             continue
-        sub = ops.filter(pc.equal(ops["source"], source))
-        t_col = _t(sub)
-        if t_col.null_count == len(t_col):
+        rows = _bools(pc.equal(ev["source"], source)) & (t_all != _NO_TIME)
+        if not rows.any():
             continue
-        sub = sub.filter(pc.is_valid(t_col))
-        t = np.asarray(_t(sub).to_numpy(), dtype=np.int64)
+        sub = filter_rows(ev, pa.array(rows))
+        t = t_all[rows]
         kind = sub["kind"]
         if source == "nccl":
             starts, dur = _intervals(sub, t)
         else:
             if source == "events":
-                sid = np.asarray(pc.fill_null(sub["span_id"], -1).to_numpy(), dtype=np.int64)
-                pid = np.asarray(pc.fill_null(sub["pid"], 0).to_numpy(), dtype=np.int64)
-                key = pid * (1 << 40) + sid
+                sid = _ints(sub["span_id"])
+                key = _ints(sub["pid"], 0) * (1 << 40) + sid
                 valid = sid >= 0
             else:   # one source row (a kernel, a Kineto op) gives its enter and its end the same line; nsys lines
                 # are row ids of different tables, so a kernel's rows are kept apart from an NVTX range's
-                line = np.asarray(pc.fill_null(sub["line"], -1).to_numpy(), dtype=np.int64)
-                kernel = np.asarray(pc.fill_null(pc.starts_with(sub["detail"], "kernel"), False).to_numpy(
-                    zero_copy_only=False), dtype=bool)
-                key = line * 2 + kernel
-                valid = line >= 0
-            is_start = np.asarray(pc.equal(kind, "enter").to_numpy(zero_copy_only=False), dtype=bool) & valid
+                line_s = _ints(sub["line"])
+                kernel = _bools(pc.starts_with(sub["detail"], "kernel"))
+                key = line_s * 2 + kernel
+                valid = line_s >= 0
+            is_start = _bools(pc.equal(kind, "enter")) & valid
             end_kind = "complete" if source in ("nsys", "kineto") and pc.any(pc.equal(kind, "complete")).as_py() \
                 else "exit"
-            is_end = np.asarray(pc.equal(kind, end_kind).to_numpy(zero_copy_only=False), dtype=bool) & valid
+            is_end = _bools(pc.equal(kind, end_kind)) & valid
             starts, dur = _durations_by_key(t, key, is_start, is_end)
         if not starts.size:
             continue
         picked = sub.select(["name", "nbytes"]).take(pa.array(starts))
         names = picked["name"].combine_chunks().dictionary_encode()
-        ncode = np.asarray(pc.fill_null(names.indices, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
-        nb = np.asarray(pc.fill_null(picked["nbytes"], -1).to_numpy(), dtype=np.int64)
+        ncode = _ints(names.indices)
+        nb = _ints(picked["nbytes"])
         combo = ncode * (1 << 44) + nb + 1
         uniq, inv = np.unique(combo, return_inverse=True)
         order = np.argsort(inv, kind="stable")
