@@ -63,7 +63,8 @@ def compare_analyses(ra: Analysis, rb: Analysis, a: str, b: str) -> Comparison:
         cmp.notes.append(f"only {'A' if db.empty else 'B'} has NCCL INFO lines: NCCL's decisions are shown for one "
                          "side only")
     cmp.verdict_a, cmp.verdict_b = ra.verdict, rb.verdict
-    sa, sb = sequences.op_sequences(ra), sequences.op_sequences(rb)
+    src_a, src_b = sequences.choose_source(sequences.op_sources(ra), sequences.op_sources(rb))
+    sa, sb = sequences.op_sequences(ra, src_a), sequences.op_sequences(rb, src_b)
     wa, wb = facts.world_size(ra), facts.world_size(rb)
     with_shapes = wa is None or wb is None or wa == wb
     cmp.related, cmp.relation = sequences.relatedness(sa, sb, _command(ra), _command(rb), with_shapes=with_shapes)

@@ -17,7 +17,8 @@ import pyarrow.compute as pc
 
 from ranktrace.analyzers.model import Analysis, Divergence, OpRef
 
-__all__ = ["OpSequences", "op_sequences", "first_divergence", "relatedness", "op_counts", "SOURCE_ORDER", "filter_rows"]
+__all__ = ["OpSequences", "op_sequences", "op_sources", "choose_source", "first_divergence", "relatedness", "op_counts",
+           "SOURCE_ORDER", "filter_rows"]
 
 #: which evidence gives a rank's sequence when several do (the most direct first)
 SOURCE_ORDER = ("events", "fr", "nccl", "nsys", "kineto", "watchdog")
@@ -54,15 +55,29 @@ def filter_rows(table: pa.Table, mask: pa.ChunkedArray | pa.Array) -> pa.Table:
     return pa.table({name: table[name].filter(mask) for name in table.column_names})
 
 
-def _choose_source(ops: pa.Table) -> str | None:
+def op_sources(an: Analysis) -> dict[str, int]:
+    """source -> issued ops it gave (the ops table has one row per op: a few million at most)."""
+    ops = an.ops
     if not ops.num_rows:
-        return None
-    vc = pc.value_counts(ops["source"]).to_pylist()   # ops rows are one per op: a few million at most
-    counts = {r["values"]: r["counts"] for r in vc}
-    for s in SOURCE_ORDER:
-        if counts.get(s):
-            return s
-    return max(counts, key=lambda k: counts[k]) if counts else None
+        return {}
+    return {r["values"]: r["counts"] for r in pc.value_counts(ops["source"]).to_pylist() if r["values"]}
+
+
+def choose_source(counts_a: dict[str, int], counts_b: dict[str, int]) -> tuple[str | None, str | None]:
+    """The evidence each run's sequences come from: one both runs have if any (the most direct in SOURCE_ORDER),
+    else each run's own best."""
+    def best(counts: dict[str, int], among: set[str]) -> str | None:
+        for s in SOURCE_ORDER:
+            if s in among and counts.get(s):
+                return s
+        left = [s for s in among if counts.get(s)]
+        return max(left, key=lambda k: counts[k]) if left else None
+
+    common = set(counts_a) & set(counts_b)
+    if common:
+        s = best(counts_a, common)
+        return s, s
+    return best(counts_a, set(counts_a)), best(counts_b, set(counts_b))
 
 
 def _group_labels(groups: pa.ChunkedArray, descs: pa.ChunkedArray) -> pa.ChunkedArray | pa.Array:
@@ -112,12 +127,13 @@ def _phases(an: Analysis, rank: np.ndarray, t: np.ndarray, t_ok: np.ndarray) -> 
         pa.string())
 
 
-def op_sequences(an: Analysis) -> OpSequences:
+def op_sequences(an: Analysis, source: str | None = None) -> OpSequences:
     """Each rank's issued ops in issue order, from one source (see ``SOURCE_ORDER``). The ops table already comes
     ordered by (rank, time of issue) (timeline.build_ops), so this only filters; nulls become "" / -1 so that two
     runs' columns compare element by element."""
     ops = an.ops
-    source = _choose_source(ops)
+    if source is None:
+        source = choose_source(op_sources(an), {})[0]
     if source is None:
         return OpSequences(pa.table({c: pa.array([], pa.string()) for c in _COLS}), None, {})
     ops = ops.select(["rank", "t_enter", "line", "issued", "source", "group", "group_desc", "name", "seq", "dtype",
@@ -154,7 +170,9 @@ def first_divergence(sa: OpSequences, sb: OpSequences, *, with_shapes: bool = Tr
     """Per rank present in both runs, the first position where B's (phase, group, op, seq, dtype[, shape]) sequence
     departs from A's (an op one run issued and the other did not, or issued differently). Column by column, the
     two runs' aligned slices are compared element-wise in C: no per-op Python, no hashing."""
-    cols = ("phase", "group", "name", "seq", "dtype") + (("shape",) if with_shapes else ())
+    # a phase only one run names (a --hook phase in one of them) is no difference of what was issued
+    phased = all(s.table.num_rows and pc.any(pc.not_equal(s.table["phase"], "")).as_py() for s in (sa, sb))
+    cols = (("phase",) if phased else ()) + ("group", "name", "seq", "dtype") + (("shape",) if with_shapes else ())
     out: list[Divergence] = []
     for r in sorted(sa.ranks & sb.ranks):
         a0, a1 = sa.bounds[r]
