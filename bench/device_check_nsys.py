@@ -105,11 +105,9 @@ def check_run(run_dir: Path, returncode: int, stderr: str, *, gpus: int, standin
                          f"{len(done)} finished, {len(pending)} without completion"))
         ranges = [r for r in ev if r["category"] in ("collective", "p2p") and r["kind"] == "enter"
                   and "kernel" not in (r["detail"] or "")]
-        try:
-            import nvtx  # noqa: F401
-            have_nvtx = True
-        except ImportError:
-            have_nvtx = False
+        import importlib.util
+
+        have_nvtx = importlib.util.find_spec("nvtx") is not None
         out.append(Check("[GPU] ranktrace NVTX ranges name the ops", bool(ranges) if have_nvtx else None,
                          f"{len(ranges)} op ranges" if have_nvtx else "python package nvtx not installed"))
     try:

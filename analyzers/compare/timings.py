@@ -6,7 +6,7 @@ sampled past a bound, so 8 ranks x 1M events stay cheap."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
