@@ -14,7 +14,8 @@ from ranktrace.analyzers.verdict import Verdict
 if TYPE_CHECKING:  # a type name only: the model must not pull the readers in at run time
     from ranktrace.analyzers.readers.base import Skipped
 
-__all__ = ["Liveness", "HostRun", "JobStatus", "OpenSpan", "Analysis", "Divergence", "Comparison"]
+__all__ = ["Liveness", "HostRun", "JobStatus", "OpenSpan", "Analysis", "FactDiff", "DecisionDiff", "OpRef", "Divergence",
+           "PhaseTiming", "LatencyRow", "Comparison"]
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,58 @@ class Analysis:
 
 
 @dataclass(frozen=True)
+class FactDiff:
+    """One fact of `trace compare`'s first answer (hardware, software, topology, environment, job) in A and B."""
+
+    section: str                 # hardware | software | topology | environment | job
+    key: str                     # "GPU model", "compute capability", "NCCL", "NCCL_P2P_DISABLE", ...
+    a: str | None
+    b: str | None
+    status: str                  # differs | same | only_a | only_b (the other side does not say)
+    source_a: str | None = None  # where A's value was read (meta.json, an NCCL log line, an nsys table, ...)
+    source_b: str | None = None
+
+
+@dataclass(frozen=True)
+class DecisionDiff:
+    """What NCCL decided for one communicator, compared across the two runs (scope ``runs``: a = A's choice, b = B's)
+    or between the ranks of one run (scope ``within_a`` / ``within_b``: a = what most ranks chose, b = what
+    ``ranks`` chose instead; a rank that took another path is a known precursor of hangs)."""
+
+    scope: str                   # runs | within_a | within_b
+    comm: str                    # "8-rank communicator 1" (matched across runs by size and order of creation)
+    what: str                    # transport | transport to peer 3 | channels | nodes | ring | tree | algorithm
+                                 # all_reduce | NCCL_P2P_LEVEL | network | ...
+    ranks: tuple[int, ...]       # the ranks this row is about (empty: the whole communicator or every process)
+    a: str | None
+    b: str | None
+    differs: bool = True
+    evidence: tuple[str, ...] = ()   # file:line of the lines that say it
+    who: str = ""                # ranks written out, or processes when the log does not name ranks ("pid 1234")
+
+
+@dataclass(frozen=True)
+class OpRef:
+    """One op of a rank's sequence, as trace compare aligns them: (phase, group, op, seq, shape)."""
+
+    op: str
+    group: str | None = None
+    seq: int | None = None
+    phase: str | None = None
+    dtype: str | None = None
+    shape: str | None = None
+    callsite: str | None = None
+
+    def label(self) -> str:
+        text = f"{self.op} {self.group or '?'} seq {self.seq if self.seq is not None else '?'}"
+        if self.dtype or self.shape:
+            text += f" {self.dtype or ''}{self.shape or ''}"
+        if self.phase:
+            text += f" (in {self.phase})"
+        return text
+
+
+@dataclass(frozen=True)
 class Divergence:
     rank: int
     position: int              # index in the rank's op sequence
@@ -130,29 +183,89 @@ class Divergence:
     b: str | None
     a_callsite: str | None = None
     b_callsite: str | None = None
+    a_op: OpRef | None = None
+    b_op: OpRef | None = None
+
+
+@dataclass(frozen=True)
+class PhaseTiming:
+    """A phase's duration in both runs (seconds; the longest rank), e.g. init_process_group, loading weights, the KV
+    pool, a CUDA graph capture of one batch size."""
+
+    name: str
+    a_s: float | None
+    b_s: float | None
+    ratio: float | None = None   # b / a
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class LatencyRow:
+    """Per-op latency of one (op, size) in both runs, from one kind of evidence (`basis`)."""
+
+    op: str
+    nbytes: int | None
+    basis: str                   # host call (our rings) | GPU kernel (nsys) | kernel (Kineto) | ... | enqueue interval
+    a_n: int = 0
+    a_p50_us: float | None = None
+    a_p99_us: float | None = None
+    b_n: int = 0
+    b_p50_us: float | None = None
+    b_p99_us: float | None = None
+    ratio_p50: float | None = None   # b / a
+    ratio_p99: float | None = None
 
 
 @dataclass
 class Comparison:
-    """`trace compare A B`: how two runs differ (see analyzers.compare for how each part is found)."""
+    """`trace compare A B`, in the order a person asks (see analyzers.compare for how each part is found):
+    1. hardware and software (``context_diff``, differences first); 2. what NCCL decided (``nccl_diff``);
+    3. outcome (``verdict_a``, ``verdict_b``); 4. where B departed from A (``first_divergence``); 5. timings
+    (``phases``, ``latency``)."""
 
     a: str
     b: str
-    context: list[tuple[str, Any, Any]] = field(default_factory=list)   # (key, value in A, value in B)
-    outcome: tuple[str, str] = ("", "")
-    divergences: list[Divergence] = field(default_factory=list)
+    a_inputs: str = ""                 # what A was made of ("ranktrace run, 4 ranks", "NCCL log", ...)
+    b_inputs: str = ""
+    related: bool = True               # False: two different jobs; no divergence is reported then
+    relation: str = ""                 # why they count as the same job or not
+    context_diff: list[FactDiff] = field(default_factory=list)
+    nccl_diff: list[DecisionDiff] = field(default_factory=list)
+    verdict_a: Verdict | None = None
+    verdict_b: Verdict | None = None
+    first_divergence: list[Divergence] = field(default_factory=list)
+    sequence_note: str = ""            # how the sequences were aligned (source, shapes left out, ranks in one run only)
+    phases: list[PhaseTiming] = field(default_factory=list)
+    latency: list[LatencyRow] = field(default_factory=list)
     op_counts: list[tuple[str, int, int]] = field(default_factory=list)  # (op, count in A, count in B)
-    timings: list[tuple[str, float | None, float | None]] = field(default_factory=list)  # seconds
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
+        from dataclasses import asdict, fields
 
-        return {"schema": "ranktrace.compare/1", **asdict(self)}
+        out: dict[str, Any] = {"schema": "ranktrace.compare/1", "summary": self.summary()}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Verdict):
+                out[f.name] = v.to_dict()
+            elif isinstance(v, list):
+                out[f.name] = [asdict(x) if hasattr(x, "__dataclass_fields__") else x for x in v]
+            else:
+                out[f.name] = v
+        return out
+
+    @property
+    def differences(self) -> list[FactDiff]:
+        return [f for f in self.context_diff if f.status == "differs"]
 
     def summary(self) -> str:
-        if not self.divergences:
+        if not self.related:
+            return f"A and B look like different jobs ({self.relation}): no divergence is reported"
+        if not self.first_divergence:
+            if self.sequence_note.startswith("no op sequence"):
+                return self.sequence_note
             return "the runs issued the same collectives in the same order on every rank both observed"
-        d = min(self.divergences, key=lambda x: (x.position, x.rank))
+        d = min(self.first_divergence, key=lambda x: (x.position, x.rank))
         if d.b is None:
             return f"rank {d.rank}: A went on to {d.a} where B stopped (op #{d.position})"
         if d.a is None:

@@ -2,6 +2,7 @@
 bad file never stops the analysis, it becomes a ``Skipped`` entry the verdict reports."""
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -26,7 +27,7 @@ __all__ = ["Inputs", "InputError", "InputRead", "collect", "STRUCTURED", "HostRu
 STRUCTURED = ("ranktrace_ring", "nsys", "flight_recorder", "kineto", "nccl_ras", "pyspy")
 _JSON_ONLY = frozenset({"nccl_ras", "pyspy"})  # their text forms are text families like the others
 HEAD_BYTES = 64 * 1024
-_OWN_FILES = {"meta.json", "verdict.json", "report.html", "events.arrow", "proc.json", "problems.txt"}
+_OWN_FILES = {"meta.json", "verdict.json", "report.html", "events.arrow", "proc.json", "problems.txt", "system.json"}
 
 
 class InputError(Exception):
@@ -219,6 +220,13 @@ def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], 
             skipped.append(Skipped(str(mp), None, f"corrupt meta.json ({e}); job status unknown"))
     else:
         skipped.append(Skipped(str(mp), None, "missing meta.json; job status unknown"))
+    if meta is not None and (hd / "system.json").exists():   # trace run's machine facts (tracer/launch/sysfacts.py)
+        try:
+            system = json.loads((hd / "system.json").read_text())
+            if isinstance(system, dict):
+                meta = {**meta, "system": system}
+        except (OSError, ValueError) as e:
+            skipped.append(Skipped(str(hd / "system.json"), None, f"unreadable ({e})"))
     host = hd.name
     used_arrow = False
     ev = hd / "events.arrow"
@@ -254,8 +262,31 @@ def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], 
     for sub in ("dumps", "nccl", "logs"):
         if (hd / sub).is_dir():
             files.extend(_walk(hd / sub))
+    _read_host_nsys(hd, results, skipped)
     ended = bool(meta and meta.get("exit"))
     return HostRun(hd, meta, ended)
+
+
+def _read_host_nsys(hd: Path, results: list[ReadResult], skipped: list[Skipped]) -> None:
+    """``trace run --nsys`` exports (``<host>/nsys/*.sqlite``): read as this host's, so their pids take the ranks of
+    the rings (nsys names the machine its own way)."""
+    if not (hd / "nsys").is_dir():
+        return
+    from ranktrace.analyzers.readers import nsys
+
+    for export in sorted((hd / "nsys").glob("*.sqlite")):
+        try:
+            res = nsys.read(export)
+        except ReaderError as e:
+            skipped.append(Skipped(str(export), None, e.reason))
+            continue
+        for name in ("events", "observations", "stacks"):
+            table = getattr(res, name)
+            if table.num_rows and "host" in table.column_names:
+                i = table.schema.get_field_index("host")
+                table = table.set_column(i, "host", pa.repeat(pa.scalar(hd.name, pa.string()), table.num_rows))
+                res = dataclasses.replace(res, **{name: table})
+        results.append(res)
 
 
 def _fill_ranks(inputs: Inputs) -> None:

@@ -205,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{base_s:.3f} s = {tbl.num_rows / base_s / 1e6:.1f} M events/s")
         del tbl
         ok = True
-        for label, (walls, cpu, v) in runs.items():
+        for label, (walls, cpu, res) in runs.items():
+            v = res.verdict
             secs = statistics.median(walls)
             good = v.kind == "missing_ranks" and tuple(v.culprit_ranks) == (culprit,) and v.status == "hang"
             ok &= good

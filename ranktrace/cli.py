@@ -105,10 +105,16 @@ class _RunCommand(click.Command):
 @click.option("--perfetto", type=click.Path(path_type=Path), default=None,
               help="Also write the run's timeline as Chrome-trace JSON (open in ui.perfetto.dev) when it ends; an "
                    "existing file is refused before the job starts.")
+@click.option("--nsys", "use_nsys", is_flag=True,
+              help="Run the job under Nsight Systems (CUDA, NVTX, OS runtime; CUDA graphs and NCCL where nsys has "
+                   "them). On a hang the report is written and exported before the verdict and before --on-hang "
+                   "kill; it lands in <run>/<host>/nsys/ and joins the verdict. Without nsys: one line, no nsys.")
+@click.option("--nsys-args", default="", metavar='"ARGS"', help="More `nsys profile` switches (one quoted string).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll: bool, analyze: bool,
         hang_after: float, startup_hang_after: float, on_hang: str, native_stacks: bool, monitor: bool,
-        hook_targets: tuple[str, ...], perfetto: Path | None, command: tuple[str, ...]) -> None:
+        hook_targets: tuple[str, ...], perfetto: Path | None, use_nsys: bool, nsys_args: str,
+        command: tuple[str, ...]) -> None:
     """Run COMMAND with every rank traced: trace run [OPTIONS] -- CMD ARGS...
 
     Options end at `--` or at the first word that is not an option; from there on everything is the command's."""
@@ -121,7 +127,8 @@ def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll
         _err(f"{perfetto} exists: not overwritten (choose another path)")
         sys.exit(EXIT_USAGE)
     opts = launcher.RunOptions(command=tuple(command), out=output, name=name, nccl_debug=nccl_debug,
-                               nccl_coll=nccl_coll, hooks=hook_targets)
+                               nccl_coll=nccl_coll, hooks=hook_targets, nsys=use_nsys or bool(nsys_args),
+                               nsys_args=nsys_args)
     mon = MonitorOptions(hang_after=hang_after, startup_hang_after=max(startup_hang_after, hang_after),
                          on_hang=on_hang, native_stacks=native_stacks) if monitor else None
     try:
@@ -423,22 +430,36 @@ def snapshot(run_dir: Path, as_json: bool) -> None:
 @main.command()
 @click.argument("a", type=click.Path(exists=True, path_type=Path))
 @click.argument("b", type=click.Path(exists=True, path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON (schema ranktrace.compare/1).")
+@click.option("--html", "html_out", type=click.Path(path_type=Path), default=None,
+              help="Also write the comparison as one self-contained side-by-side HTML page; an existing file is "
+                   "refused.")
 @_one_line_errors
-def compare(a: Path, b: Path, as_json: bool) -> None:
-    """Put two runs side by side (good vs hung, H100 vs Blackwell) and name where they diverge."""
+def compare(a: Path, b: Path, as_json: bool, html_out: Path | None) -> None:
+    """Put two runs side by side (good vs hung, H100 vs Blackwell, NCCL_P2P_DISABLE=1 vs not): run dirs or anything
+    `trace analyze` reads. Hardware and software, what NCCL decided, both verdicts, where B departed from A, timings."""
     import json as _json
 
     from ranktrace.analyzers import compare as compare_mod
     from ranktrace.analyzers import facade
-    from ranktrace.analyzers.report import compare_text
+    from ranktrace.analyzers.report import compare_html, compare_text
     from ranktrace.tracer.watch import live
 
+    if html_out is not None and html_out.exists():
+        _err(f"{html_out} exists: not overwritten (choose another path)")
+        sys.exit(EXIT_USAGE)
     try:
-        c = compare_mod.compare_paths(a, b, liveness=live.liveness([a, b]))
+        c = compare_mod.compare_paths(a, b, liveness=live.liveness([p for p in (a, b) if p.is_dir()]))
     except facade.InputError as e:
         _err(str(e))
         sys.exit(EXIT_USAGE)
+    if html_out is not None:
+        try:
+            with open(html_out, "x", encoding="utf-8", errors="backslashreplace") as f:
+                f.write(compare_html.render(c))
+        except OSError as e:
+            _err(f"cannot write {html_out}: {e.strerror or e}")
+            sys.exit(EXIT_USAGE)
     click.echo(_json.dumps(c.to_dict(), indent=2, default=str) if as_json else compare_text.render(c))
 
 

@@ -60,17 +60,18 @@ def _imports(path: Path, *, skip_type_checking: bool = False) -> set[str]:
 
 # --- the renderers take the model and import nothing else ------------------------------------------------------
 
-RENDERERS = ["html_report", "perfetto_report", "text_report", "json_report", "compare_text"]
+RENDERERS = ["html_report", "perfetto_report", "text_report", "json_report", "compare_text", "compare_html"]
 
 
 def test_renderers_take_the_model_types_not_any():
-    from ranktrace.analyzers.report import compare_text, html_report, json_report, perfetto_report, text_report
+    from ranktrace.analyzers.report import (compare_html, compare_text, html_report, json_report, perfetto_report,
+                                            text_report)
 
     takes = {m.__name__.rsplit(".", 1)[1]: next(iter(v for k, v in typing.get_type_hints(m.render).items()
                                                      if k != "return"))
-             for m in (html_report, perfetto_report, text_report, json_report, compare_text)}
+             for m in (html_report, perfetto_report, text_report, json_report, compare_text, compare_html)}
     assert takes == {"html_report": Analysis, "perfetto_report": Analysis, "text_report": Verdict,
-                     "json_report": Verdict, "compare_text": Comparison}
+                     "json_report": Verdict, "compare_text": Comparison, "compare_html": Comparison}
 
 
 def test_report_modules_import_only_the_model():

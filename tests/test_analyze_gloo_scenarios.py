@@ -111,14 +111,17 @@ def test_compare_good_and_hung_runs_names_the_divergence(verdicts):
                          env=trace_env())
     assert res.returncode == 0, res.stderr
     c = json.loads(res.stdout)
-    first = {d["rank"]: d for d in c["divergences"]}
+    assert c["schema"] == "ranktrace.compare/1"
+    first = {d["rank"]: d for d in c["first_divergence"]}
     # rank 3 is where B (the hung run) first departs: A went on to all_reduce seq 5, B never issued it
-    assert first[3]["position"] == min(d["position"] for d in c["divergences"])
+    assert first[3]["position"] == min(d["position"] for d in c["first_divergence"])
     assert first[3]["a"].startswith("all_reduce default_pg seq 5") and first[3]["b"] is None
-    assert any(k == "command" for k, _a, _b in c["context"])
+    assert (first[3]["a_op"]["op"], first[3]["a_op"]["seq"]) == ("all_reduce", 5)
+    assert any(f["key"] == "command" and f["status"] == "differs" for f in c["context_diff"])
+    assert (c["verdict_a"]["kind"], c["verdict_b"]["kind"]) == ("no_hang", "missing_ranks")
     text = subprocess.run(TRACE + ["compare", str(good), str(hung)], capture_output=True, text=True,
                           env=trace_env()).stdout
-    assert "where they diverge: rank 3" in text
+    assert "=> rank 3: A went on to all_reduce default_pg seq 5" in text
 
 
 def test_all_ranks_blocked_in_a_queue_get(tmp_path: Path):

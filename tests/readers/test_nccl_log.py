@@ -81,6 +81,36 @@ def test_sample_transports_and_topology(sample: Any) -> None:
     assert {"summary", "ring", "tree", "channels"} <= names
 
 
+def test_sample_settings_and_tuning_what_nccl_decided(sample: Any) -> None:
+    """ENV echo lines, the network, the P2P type check, ring PXN/GDR, the driver's CUDA version, and the TUNING
+    lines counted per op and algorithm/protocol (495 AllReduce calls, all RING/SIMPLE)."""
+    got = {(r["name"], r["detail"]) for r in rows(sample.observations, kind="nccl_setting")}
+    assert {("cuda_driver", "13.0"), ("network", "IB"), ("NCCL_TOPO_DUMP_FILE", "nccl_topo_dump.xml"),
+            ("ring_pxn_gdr", "PXN 0 GDR 1"), ("p2p_type", "isAllDirectP2p 1 directMode 1")} <= got
+    tuning = rows(sample.observations, kind="nccl_tuning")
+    assert [(r["name"], r["detail"], r["value"]) for r in tuning] == [
+        ("all_reduce", "RING/SIMPLE bytes=8388608..8589934592", 495)]
+
+
+def test_setting_lines_of_real_logs_from_issue_threads(tmp_path: Path) -> None:
+    pairs = HERE.parent / "data" / "nccl_pairs"
+    b200 = rows(read(pairs / "b200_vs_a100" / "a_b200_nvls.log").observations, kind="nccl_setting")
+    assert {(r["name"], r["detail"]) for r in b200} >= {("nvls_multicast dev 0", "available"),
+                                                      ("p2p_type", "intraNodeP2pSupport 1 directMode 0")}
+    path = tmp_path / "numeric_tuning.log"
+    path.write_text("h:1:2 [0] NCCL INFO NCCL_P2P_LEVEL set by environment to LOC\n"
+                    "h:1:2 [0] NCCL INFO NCCL_IB_DISABLE set by environment to 1.\n"
+                    "h:1:2 [0] NCCL INFO P2P is disabled between connected GPUs 6 and 7. You can repress this message "
+                    "with NCCL_IGNORE_DISABLED_P2P=1.\n"
+                    "h:1:2 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo 1 proto 0 time 12.500000\n"
+                    "h:1:2 [0] NCCL INFO AllReduce: 65536 Bytes -> Algo 0 proto 2 time 30.100000\n")
+    res = read(path)
+    got = {(r["name"], r["detail"]) for r in rows(res.observations, kind="nccl_setting")}
+    assert got == {("NCCL_P2P_LEVEL", "LOC"), ("NCCL_IB_DISABLE", "1"), ("p2p_disabled", "GPU 6 - GPU 7")}
+    tuning = sorted((r["detail"], r["value"]) for r in rows(res.observations, kind="nccl_tuning"))
+    assert tuning == [("RING/LL bytes=4096..4096", 1), ("TREE/SIMPLE bytes=65536..65536", 1)]
+
+
 # ---------------------------------------------------------------------------------------- fixtures
 
 def test_launcher_prefixes_and_glued_progress_bar() -> None:

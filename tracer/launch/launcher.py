@@ -29,6 +29,8 @@ from typing import Callable, Sequence
 from ranktrace.tracer.launch import envplan
 from ranktrace.tracer.launch import hostinfo
 from ranktrace.tracer.launch import meta
+from ranktrace.tracer.launch import nsys
+from ranktrace.tracer.launch import sysfacts
 from ranktrace.tracer.watch.monitor import Monitor, MonitorOptions
 from ranktrace.tracer.watch.presenter import Presenter
 from ranktrace.tracer.watch.statusline import StatusLine
@@ -57,6 +59,8 @@ class RunOptions:
     nccl_coll: bool = False
     base_dir: Path = Path("traces")
     hooks: tuple[str, ...] = ()   # --hook MODULE:QUALNAME[=category], validated by the CLI
+    nsys: bool = False            # --nsys: run the job under Nsight Systems (tracer/launch/nsys.py)
+    nsys_args: str = ""           # --nsys-args "...": more `nsys profile` switches
 
 
 @dataclass
@@ -194,6 +198,7 @@ def launch(
     The steps: check and prepare (``_prepare``: nothing starts on a usage error) -> start the job (``_start``) ->
     watch it until it exits (``_Job``, ``_supervise``) -> record its exit in meta.json (``_record_exit``)."""
     run_dir, host_dir, plan = _prepare(opts)
+    machine = sysfacts.start(host_dir)   # topology, P2P, IOMMU/ACS for trace compare, in the background
     # live status line (stderr on a TTY only); our own lines and reports erase it first
     status = StatusLine(sys.stderr, enabled=None if monitor_opts else False)
     log, show = status.wrap(log), status.wrap(show)
@@ -202,10 +207,21 @@ def launch(
     if fast_error:
         presenter.note(f"compiled fast path unavailable ({fast_error}): each traced call costs ~2 us instead of "
                        f"< 1 us")
-    proc = _start(opts.command, plan.env)
+    ns, command = nsys.start(host_dir, opts.command, opts.nsys_args, log) if opts.nsys else (None, opts.command)
+    proc = _start(command, plan.env)
     job = _Job(proc.pid, _start_monitor(run_dir, host_dir, monitor_opts, log, show, presenter), status, log)
+    if ns is not None and job.mon is not None:   # nsys stops and writes its report before the verdict and the kill
+        job.mon.hang_captures.append(ns.capture)
     returncode, gpu = _supervise(job, proc, tick_s)
+    if ns is not None:
+        ns.finish()
+    machine.join()
     _record_exit(host_dir, returncode, job, gpu.result(presenter.note), log)
+    if ns is not None:
+        try:
+            meta.update_meta(host_dir, nsys=ns.summary())
+        except (OSError, ValueError) as e:
+            log(f"could not record the nsys session in meta.json: {e}")
     return RunOutcome(exit_code_of(returncode), returncode, run_dir, host_dir, killed_on_hang=bool(job.killed),
                       hang_detected=job.hang_detected, presenter=presenter)
 

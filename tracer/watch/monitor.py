@@ -128,6 +128,9 @@ class Monitor:
         self.state.last_sample = clock() - opts.interval
         self.kill_requested = False
         self.hang_detected = False
+        # captures that must happen while the job is still hung, before the verdict and before --on-hang kill
+        # (trace run --nsys: stop the nsys session and export its report); each once per silence
+        self.hang_captures: list[Callable[[str], object]] = []
         self.tails: dict[Path, RingTail] = {}
         self.off: set[str] = set()           # samplers switched off after a failure (said once each)
         self.pyspy = burst.find_pyspy()
@@ -403,6 +406,11 @@ class Monitor:
             self.state.last_progress = now
             self.state.hang_reported_at = None
             return
+        for capture in self.hang_captures:
+            try:
+                capture(f"{reason} after {quiet:.0f} s")
+            except Exception as e:  # an extra capture must never stop the verdict or --on-hang
+                self.log(f"capture failed: {type(e).__name__}: {e}")
         picture = self.analyze(quiet)
         if self.opts.on_hang == "kill":
             self.hang_detected = True

@@ -63,6 +63,11 @@ OBSERVATION_KINDS: dict[str, str] = {
     "transport_error": "name=nccl_warn (a failure WARN after Init COMPLETE) | cuda_error (Cuda failure WARN)",
     "nccl_seq_basis": "per communicator: group, rank, detail=line|opcount|line_from_log_start, value=COLL lines",
     "rank_space": "per non-world communicator: group=commId, rank=comm rank, detail=comm:<commId>, value=nranks",
+    "nccl_setting": "what NCCL was told or decided, once per process (and communicator): name=NCCL_* variable "
+                    "(ENV echo line) | network | nvls_multicast dev <d> | p2p_disabled | ring_pxn_gdr | p2p_type | "
+                    "cuda_driver, detail=the value (NVL, IB, available, GPU 6 - GPU 7, PXN 0 GDR 1, 12.8, ...)",
+    "nccl_tuning": "TUNING lines counted per process, op and algorithm/protocol: name=op, detail=<ALGO>/<PROTO> "
+                   "bytes=<min>..<max>, value=calls; group/rank when the communicator is clear",
 }
 
 
@@ -97,7 +102,8 @@ def read(path: Path) -> ReadResult:
       ``peer`` (Send/Recv) is a communicator rank too: NCCL-log-only ranks are communicator-local (``rank_space``
       observations below).
     * OBSERVATIONS: ``nccl_version``, ``nccl_init_start``, ``nccl_init_complete``, ``nccl_bootstrap``,
-      ``nccl_topology``, ``nccl_transport``, ``nccl_warn``, ``nccl_destroy``, ``nccl_seq_basis`` and ``rank_space`` (see
+      ``nccl_topology``, ``nccl_transport``, ``nccl_warn``, ``nccl_destroy``, ``nccl_seq_basis``, ``rank_space``,
+      ``nccl_setting`` and ``nccl_tuning`` (what ``trace compare`` sets side by side; see
       ``OBSERVATION_KINDS``), and the statement rows of docs/EVIDENCE.md: ``completion`` ``nccl_destroy`` per ``Destroy
       COMPLETE``; ``init_failure`` (stage ``connect``: socket connects refused / timed out / retries exceeded;
       ``nccl_init``: bootstrap and system errors) for a failure WARN, a ``Call to connect`` retry line or a bootstrap

@@ -8,8 +8,9 @@ from datetime import datetime, timezone
 
 __all__ = ["NCCL_DTYPES", "P2P_RAW", "ROOTED_RAW", "COLL_RE", "SCAN_RE", "NRANKS_RE", "COLL_PREFIX_RE", "MARKER_RE",
            "BARE_VERSION_RE", "INIT_RE", "FIELD_RES", "API_RE", "SUMMARY_RE", "TEARDOWN_RE", "TRANSPORT_RE", "RING_RE",
-           "CONNECT_FAIL_RE", "INIT_FAIL_RE", "CUDA_FAIL_RE", "OLD_FORMAT_RE", "TRAIL_RE", "SNIFF_RE",
-           "normalize_comm_id", "looks_binary", "parse_ts"]
+           "CONNECT_FAIL_RE", "INIT_FAIL_RE", "CUDA_FAIL_RE", "OLD_FORMAT_RE", "TRAIL_RE", "SNIFF_RE", "SETTING_RES",
+           "TUNING_MARK", "TUNING_RE", "TUNING_ALGOS", "TUNING_PROTOS", "normalize_comm_id", "looks_binary",
+           "parse_ts"]
 
 #: ncclDataType_t -> (torch dtype name, bytes per element), formats.md §1.6.
 NCCL_DTYPES: dict[int, tuple[str, int]] = {
@@ -32,7 +33,9 @@ COLL_RE = re.compile(
 SCAN_RE = re.compile(
     COLL_RE.pattern[:5] + b"(?:" + COLL_RE.pattern[5:] + rb"|WARN |version \d|INFO (?:NCCL version|Call to connect"
     rb"|(?:\[Rank \d+\] )?(?:\w+ )?comm 0x|Channel (?:00/|\d+(?:/\d+)? : \d+\[)|Trees \[0\]|Bootstrap|bootstrap"
-    rb"|\d+ coll channels|[\w./+-]+:\d+ (?:\([^)\n]*\) )?-> ))"
+    rb"|\d+ coll channels|[\w./+-]+:\d+ (?:\([^)\n]*\) )?-> "
+    rb"|NCCL_\w+ set |Using network |NVLS multicast |P2P is disabled |Connected all rings|Check P2P Type "
+    rb"|cudaDriverVersion ))"
 )
 NRANKS_RE = re.compile(rb"\[nranks=(\d+)\]")
 # The part of a line before "NCCL INFO" of a COLL line, parsed from its end.
@@ -88,6 +91,25 @@ CUDA_FAIL_RE = re.compile(r"Cuda failure|CUDA failure|cuda(?:Error|Get|Launch|Me
 OLD_FORMAT_RE = re.compile(
     r"(?m)^((?:\[[^\]\n]{1,40}\]:? ?)?[^\s:\[\]|()<>]{1,128}:\d{1,9}:\d{1,9} (?:\[\d{1,4}\] )?"
     r"(?:[\w./+-]{1,200}:\d{1,7} )?)(INFO|WARN) ")
+#: What NCCL decided or was told, one line each (``nccl_setting`` observations: key, value). Env echo lines
+#: (ENV subsystem, ``NAME set by environment to VALUE.``; a few say ``NAME set to VALUE``), the network chosen, NVLS
+#: multicast support per device, GPU pairs P2P is disabled between, ring PXN/GDR use (2.24+), the P2P type check
+#: (2.19+) and the driver's CUDA version (formats.md §1.4).
+SETTING_RES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("env", re.compile(r"^(NCCL_[A-Z0-9_]+) set (?:by environment )?to (.*?)\.?\s*$")),
+    ("network", re.compile(r"^Using network (.+?)\s*$")),
+    ("nvls_multicast", re.compile(r"^NVLS multicast support is ((?:not )?available) on dev (\d+)")),
+    ("p2p_disabled", re.compile(r"^P2P is disabled between connected GPUs (\d+) and (\d+)")),
+    ("ring_pxn_gdr", re.compile(r"^Connected all rings(?:, use ring (PXN \d+ GDR \d+))?")),
+    ("p2p_type", re.compile(r"^Check P2P Type (.+?)\s*$")),
+    ("cuda_driver", re.compile(r"^cudaDriverVersion (\d+)")),
+)
+#: TUNING lines (rank 0 of a communicator, one per call with ``NCCL_DEBUG_SUBSYS`` TUNING): which algorithm and
+#: protocol served which size. 2.24+ names them; 2.21-2.23 print numbers (formats.md §1.6).
+TUNING_MARK = b" Bytes -> Algo "
+TUNING_RE = re.compile(rb"NCCL INFO (\w+)(?: \[Symmetric\])?: (\d+) Bytes -> Algo (\w+) proto (\w+)")
+TUNING_ALGOS = ("TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT")
+TUNING_PROTOS = ("LL", "LL128", "SIMPLE")
 TRAIL_RE = re.compile(
     r"^(?P<file>[\w./+-]+):(?P<line>\d+) (?:\((?P<func>[^)]*)\) )?-> (?P<code>\d+)(?P<rest>.*)$"
 )

@@ -16,8 +16,9 @@ from ranktrace.analyzers.readers.base import Skipped
 from ranktrace.analyzers.readers.nccl_log.grammar import (API_RE, BARE_VERSION_RE, COLL_PREFIX_RE, COLL_RE,
                                                           CONNECT_FAIL_RE, CUDA_FAIL_RE, FIELD_RES, INIT_FAIL_RE,
                                                           INIT_RE, MARKER_RE, NRANKS_RE, P2P_RAW, RING_RE, SCAN_RE,
-                                                          SUMMARY_RE, TEARDOWN_RE, TRAIL_RE, TRANSPORT_RE,
-                                                          normalize_comm_id, parse_ts)
+                                                          SETTING_RES, SUMMARY_RE, TEARDOWN_RE, TRAIL_RE,
+                                                          TRANSPORT_RE, TUNING_MARK, TUNING_RE, normalize_comm_id,
+                                                          parse_ts)
 from ranktrace.analyzers.readers.nccl_log.scan import FastRows, fast_rows, inert, iter_chunks, word_view
 
 __all__ = ["Comm", "META", "NMETA", "block", "Reader"]
@@ -93,6 +94,9 @@ class Reader:
         self.n_marker_lines = 0
         self.batches: list[np.ndarray] = []     # (rows, NMETA) int64 blocks, one per chunk
         self.op_ids: dict[bytes, int] = {}
+        self.settings: set[tuple[Any, ...]] = set()      # (host, pid, group, key, value) already reported
+        # (host, pid, op, algo, proto) -> [calls, smallest bytes, largest bytes, first line, tid]
+        self.tuning: dict[tuple[str, int, str, str, str], list[int]] = {}
 
     # ---- helpers
 
@@ -162,7 +166,33 @@ class Reader:
             self.batches.append(merged)
         if chunk.count(b": opCount ") != n:
             self._find_torn_coll(chunk, first_line)
+        if TUNING_MARK in chunk:
+            self._tuning_lines(chunk, first_line)
         return first_line + newlines
+
+    def _tuning_lines(self, chunk: bytes, first_line: int) -> None:
+        """TUNING lines (``AllReduce: 4096 Bytes -> Algo RING proto LL ...``), counted per process, op, algorithm
+        and protocol; the fast paths leave them alone (they are no COLL record and no rarer line)."""
+        tuning = self.tuning
+        for m in TUNING_RE.finditer(chunk):
+            s = m.start()
+            ls = chunk.rfind(b"\n", 0, s) + 1
+            pm = COLL_PREFIX_RE.search(chunk, ls, s)
+            if pm is None:
+                continue
+            pid = int(pm.group(3))
+            host = self._host(pm.group(2).decode("utf-8", "replace"), pid)
+            op, nbytes, algo, proto = m.group(1).decode(), int(m.group(2)), m.group(3).decode(), m.group(4).decode()
+            key = (host, pid, op, algo, proto)
+            got = tuning.get(key)
+            if got is None:
+                tuning[key] = [1, nbytes, nbytes, first_line + chunk.count(b"\n", 0, ls), int(pm.group(4))]
+            else:
+                got[0] += 1
+                if nbytes < got[1]:
+                    got[1] = nbytes
+                if nbytes > got[2]:
+                    got[2] = nbytes
 
     def _vector_chunk(self, chunk: bytes, first_line: int, blocks: list[np.ndarray]) -> tuple[int, int]:
         """Parse a chunk (returns COLL rows, newlines): COLL lines in bulk with numpy, the rest (and short runs)
@@ -478,6 +508,8 @@ class Reader:
             return
         if ": opCount " in msg:
             return  # COLL: handled by the fast path
+        if self._setting(base, msg):
+            return
         im = INIT_RE.search(msg)
         if im:
             self._init(base, msg, im.group(1), line)
@@ -543,6 +575,38 @@ class Reader:
             return
         if glued and ("Init" in msg or " via " in msg):
             self._torn(line, "NCCL record cut by another record (torn line): " + msg[:160])
+
+    def _setting(self, base: dict[str, Any], msg: str) -> bool:
+        """An ``nccl_setting`` line (grammar.SETTING_RES): one row per process, communicator, key and value."""
+        if not msg[:1].isupper() and not msg.startswith("cuda"):
+            return False
+        for key, rx in SETTING_RES:
+            m = rx.match(msg)
+            if m is None:
+                continue
+            if key == "env":
+                key, value = m.group(1), m.group(2)
+            elif key == "nvls_multicast":
+                key, value = f"nvls_multicast dev {m.group(2)}", m.group(1)
+            elif key == "p2p_disabled":
+                key, value = "p2p_disabled", f"GPU {m.group(1)} - GPU {m.group(2)}"
+            elif key == "ring_pxn_gdr":
+                value = m.group(1) or "connected"
+            elif key == "cuda_driver":
+                v = int(m.group(1))
+                value = f"{v // 1000}.{(v % 1000) // 10}"
+            else:
+                value = m.group(1)
+            host, pid = base["host"], base["pid"]
+            c = self.tid_comm.get((host, pid, base["tid"]))
+            group = c.group if c is not None and key in ("ring_pxn_gdr", "p2p_type") else None
+            dedup = (host, pid, group, key, value)
+            if dedup not in self.settings:
+                self.settings.add(dedup)
+                self.obs.append(dict(base, kind="nccl_setting", name=key, detail=value, group=group,
+                                     rank=c.rank if c is not None and group is not None else None))
+            return True
+        return False
 
     def _init(self, base: dict[str, Any], msg: str, what: str, line: int) -> None:
         host, pid, tid = base["host"], base["pid"], base["tid"]

@@ -12,7 +12,8 @@ import pyarrow.compute as pc
 from ranktrace.analyzers import schema
 from ranktrace.analyzers.opnames import canonical_op
 from ranktrace.analyzers.readers.base import ReadResult, Skipped
-from ranktrace.analyzers.readers.nccl_log.grammar import NCCL_DTYPES, P2P_RAW, ROOTED_RAW
+from ranktrace.analyzers.readers.nccl_log.grammar import (NCCL_DTYPES, P2P_RAW, ROOTED_RAW, TUNING_ALGOS,
+                                                          TUNING_PROTOS)
 from ranktrace.analyzers.readers.nccl_log.interpret import NMETA, Reader, block
 
 __all__ = ["build_result"]
@@ -39,6 +40,13 @@ def build_result(st: Reader, fmt: str) -> ReadResult:
         if world is not None and c.nranks is not None and c.nranks < world:
             st.obs.append(dict(host=c.host, pid=c.pid, kind="rank_space", name=c.ptr, group=c.group,
                                rank=c.rank, detail=f"comm:{c.group}", value=c.nranks, line=c.init_line))
+    for (host, pid, op, algo, proto), (calls, lo, hi, line, tid) in st.tuning.items():
+        algo = TUNING_ALGOS[int(algo)] if algo.isdigit() and int(algo) < len(TUNING_ALGOS) else algo
+        proto = TUNING_PROTOS[int(proto)] if proto.isdigit() and int(proto) < len(TUNING_PROTOS) else proto
+        comm = _tuning_comm(st, host, pid, tid)
+        st.obs.append(dict(host=host, pid=pid, tid=tid, kind="nccl_tuning", name=canonical_op(op),
+                           detail=f"{algo}/{proto} bytes={lo}..{hi}", value=calls, line=line,
+                           group=comm.group if comm else None, rank=comm.rank if comm else None))
     if len(st.versions) > 1:
         vs = sorted(st.versions.items(), key=lambda kv: kv[1])
         st.skipped.append(Skipped(st.file, vs[1][1],
@@ -62,6 +70,16 @@ def build_result(st: Reader, fmt: str) -> ReadResult:
     version = min(st.versions.items(), key=lambda kv: kv[1])[0] if st.versions else None
     return ReadResult(file=st.file, format=fmt, version=version, events=events, observations=obs,
                       skipped=tuple(st.skipped), world_size=world)
+
+
+def _tuning_comm(st: Reader, host: str, pid: int, tid: int) -> Any:
+    """The communicator a TUNING line is about: the one whose Init the same thread printed last, else the only one
+    of the process; None when that is unclear (TUNING lines do not name their communicator)."""
+    c = st.tid_comm.get((host, pid, tid))
+    if c is not None:
+        return c
+    mine = [c for c in st.all_comms if c.host == host and c.pid == pid]
+    return mine[0] if len(mine) == 1 else None
 
 
 def _repair_hosts(st: Reader) -> None:

@@ -55,6 +55,8 @@ FIELD_MAP: tuple[ColumnMap, ...] = (
     ColumnMap("TARGET_INFO_SESSION_START_TIME.utcEpochNs/systemClockNs", "EVENTS.wall_ns", "int ns", "null",
               "unverified rule"),
     ColumnMap("TARGET_INFO_SYSTEM_ENV[Hostname]", "*.host", "str", "null", "all"),
+    ColumnMap("TARGET_INFO_SYSTEM_ENV[NvDriverVersion, CudaDriverVersion, OsDescription]",
+              "OBSERVATIONS nsys_system", "str", "null", "all"),
     ColumnMap("PROCESSES(globalPid, pid, name)", "OBSERVATIONS nsys_process", "", "null", "all"),
     ColumnMap("ThreadNames(nameId, globalTid)", "OBSERVATIONS nsys_thread", "", "null", "all"),
     ColumnMap("TARGET_INFO_GPU(id, name, busLocation, uuid, totalMemory, computeMajor/Minor)",
@@ -78,6 +80,8 @@ OBSERVATION_KINDS: dict[str, str] = {
     "pid_device": "pid, name = CUDA deviceId its kernels ran on, value = number of kernels",
     "pid_rank": "pid, rank (and world when known), detail = which evidence gave the rank",
     "nsys_capture_window": "value = capture stop (session clock ns), detail = start/stop/duration",
+    "nsys_system": "name = NvDriverVersion | CudaDriverVersion | OsDescription, detail = the value (machine facts "
+                   "trace compare sets side by side)",
     "nsys_diagnostic": "pid, detail = profiler diagnostic text (e.g. lost events)",
     "nsys_stream_text": "pid, name = stream file name, detail = one captured stdout/stderr line, line = its number",
 }

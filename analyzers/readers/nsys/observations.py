@@ -37,6 +37,10 @@ def host_and_clock(ex: Export) -> None:
         row = ex.conn.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname' LIMIT 1"
                                 ).fetchone()
         ex.host = str(row[0]) if row and row[0] else None
+        facts = ex.conn.execute("SELECT rowid, name, value FROM TARGET_INFO_SYSTEM_ENV WHERE name IN "
+                                "('NvDriverVersion', 'CudaDriverVersion', 'OsDescription')").fetchall()
+        ex.emit_obs([ex.obs(None, None, "nsys_system", name=str(name), detail=str(value), line=rowid)
+                     for rowid, name, value in facts if value not in (None, "")])
     t = ex.table("TARGET_INFO_SESSION_START_TIME", ("utcEpochNs", "systemClockNs"), "wall_ns left null")
     if t:
         row = ex.conn.execute(f'SELECT utcEpochNs, systemClockNs FROM "{t}" LIMIT 1').fetchone()
