@@ -93,7 +93,7 @@ def test_bisect_finds_the_p2p_knob_from_the_catalogue_within_the_budget(tmp_path
         for r in c["runs"]:
             assert (root / r["dir"] / "verdict.json").exists() and (root / r["log"]).exists()
     assert doc["compare"]["hung"].startswith("runs/01-baseline") and doc["compare"]["good"].startswith("runs/02-")
-    assert ["env.NCCL_P2P_DISABLE", None, "1"] in doc["compare"]["context"]
+    assert ["NCCL_P2P_DISABLE", "(unset)", "1"] in doc["compare"]["context"]
     assert "send" in doc["compare"]["summary"] and (root / "compare.txt").exists()
     page = (root / "report.html").read_text()
     assert 'class="bisect"' in page and "NCCL_P2P_DISABLE=1" in page and "HANG · missing_ranks" in page

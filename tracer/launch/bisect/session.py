@@ -281,7 +281,8 @@ class _Session:
             doc["problem"] = f"trace compare failed: {type(e).__name__}: {e}"
             return doc
         doc.update(summary=c.summary(), file="compare.txt",
-                   context=[[k, a, b] for k, a, b in c.context], outcome=list(c.outcome))
+                   context=[[d.key, d.a, d.b] for d in c.context_diff if d.status != "same"],
+                   outcome=[v.status if v is not None else None for v in (c.verdict_a, c.verdict_b)])
         return doc
 
     def _html(self, doc: dict[str, Any], hung: runner.RunRecord | None) -> None:
