@@ -88,18 +88,31 @@ def _check_hooks(_ctx: click.Context, _param: click.Parameter, values: tuple[str
 @click.option("--hook", "hook_targets", multiple=True, metavar="MODULE:QUALNAME[=CATEGORY]", callback=_check_hooks,
               help="Also record calls of this function or method (repeatable). CATEGORY: phase, collective, graph, "
                    "sync or user (default). collective: aligned across ranks by object and call count.")
+@click.option("--profile", "profile", default=None, metavar="NAME|FILE",
+              help="What a serving framework's ranks also record (communicators, set-up steps, phases): sglang, vllm, "
+                   "torch, a profile .toml, or none. Default: picked from the command (-m sglang.launch_server, "
+                   "sglang serve, vllm serve, -m vllm.entrypoints...). --hook adds to it.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll: bool, analyze: bool,
         hang_after: float, startup_hang_after: float, on_hang: str, native_stacks: bool, monitor: bool,
-        hook_targets: tuple[str, ...], command: tuple[str, ...]) -> None:
+        hook_targets: tuple[str, ...], profile: str | None, command: tuple[str, ...]) -> None:
     """Run COMMAND with every rank traced: trace run [OPTIONS] -- CMD ARGS..."""
     from ranktrace.tracer.launch import finalize
     from ranktrace.tracer.launch import launcher
     from ranktrace.tracer.launch import meta
+    from ranktrace.tracer.launch import profiles
     from ranktrace.tracer.watch.monitor import MonitorOptions
 
+    try:
+        chosen, chosen_by = profiles.choose(command, profile)
+    except profiles.ProfileError as e:
+        _err(str(e))
+        sys.exit(EXIT_USAGE)
+    if chosen and chosen_by == "the command":
+        _err(f"profile {chosen[0].name} ({len(chosen[0].targets)} targets), picked from the command "
+             f"(--profile none to turn it off)")
     opts = launcher.RunOptions(command=tuple(command), out=output, name=name, nccl_debug=nccl_debug,
-                               nccl_coll=nccl_coll, hooks=hook_targets)
+                               nccl_coll=nccl_coll, hooks=hook_targets, profiles=chosen, profile_source=chosen_by)
     mon = MonitorOptions(hang_after=hang_after, startup_hang_after=max(startup_hang_after, hang_after),
                          on_hang=on_hang, native_stacks=native_stacks) if monitor else None
     try:

@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 from ranktrace.tracer.launch import envplan
 from ranktrace.tracer.launch import hostinfo
 from ranktrace.tracer.launch import meta
+from ranktrace.tracer.launch import profiles
 from ranktrace.tracer.watch.monitor import Monitor, MonitorOptions
 from ranktrace.tracer.watch.statusline import StatusLine
 from ranktrace.tracer.launch.terminal import JobTerminal, controlling_tty
@@ -56,6 +57,8 @@ class RunOptions:
     nccl_coll: bool = False
     base_dir: Path = Path("traces")
     hooks: tuple[str, ...] = ()   # --hook MODULE:QUALNAME[=category], validated by the CLI
+    profiles: tuple = ()          # tracer.launch.profiles.Profile values, chosen by the CLI (profiles.choose)
+    profile_source: str = ""      # how they were chosen, for meta.json ("the command", "--profile")
 
 
 @dataclass
@@ -210,9 +213,11 @@ def _prepare(opts: RunOptions) -> tuple[Path, Path, envplan.EnvPlan]:
     """Check the command, make ``<run>/<host>/``, plan the environment and write the first meta.json."""
     check_command(opts.command)
     run_dir, host_dir = prepare_run_dir(opts)
+    profile_plan, profile_meta = profiles.apply(host_dir, opts.profiles, opts.profile_source)
     plan = envplan.plan_environment(os.environ, host_dir, nccl_debug=opts.nccl_debug, nccl_coll=opts.nccl_coll,
-                                    hooks=opts.hooks)
+                                    hooks=opts.hooks, profile_plan=profile_plan)
     m = meta.initial_meta(opts.command, os.environ, plan.added, host_dir.name, run_dir.name)
+    m["profile"] = profile_meta
     meta.write_meta(host_dir, m)
     return run_dir, host_dir, plan
 

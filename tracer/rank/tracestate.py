@@ -75,6 +75,7 @@ class TraceState(CallInfo, GroupBook, CaptureState):
         self.nv: Any = None          # nvtx_ranges.NvtxRanges while an NVTX tool is attached
         self._nv_loaded = False
         self.on_init: list[Callable[[], None]] = []  # run at each init_process_group entry (pending --hook targets)
+        self.roles: dict[str, int] = {}  # tp / pp / dp / ep ranks a profile's identity targets learned
         self.init_call_info()
         self.init_groups()
         self.init_captures()
@@ -164,7 +165,7 @@ class TraceState(CallInfo, GroupBook, CaptureState):
             {
                 "type": "identity", "rank": self.rank, "world": self.world, "source": source,
                 "local_rank": env_int("LOCAL_RANK"), "pid": os.getpid(), "ppid": os.getppid(),
-                "argv": redact.redact_argv(sys.argv),
+                "argv": redact.redact_argv(sys.argv), **({"roles": self.roles} if self.roles else {}),
             }
         )
 
