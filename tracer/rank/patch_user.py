@@ -96,7 +96,7 @@ def load_plan(path: str | None) -> tuple[list[Target], list[str], list[tuple[str
         targets = []
         for t in plan.get("targets", []):
             alts = tuple(tuple(a.split(":", 1)) for a in t["targets"])
-            key = f"profile {t.get('profile')}: {t['name']} ({t['targets'][0]})"
+            key = f"profile {t.get('profile')}: {t['targets'][0]}"
             targets.append(Target(key, alts, t.get("category"), t["name"], tuple(t.get("detail") or ()), t.get("comm"),
                                   tuple((t.get("identity") or {}).items()), f"profile {t.get('profile')}"))
         return targets, list(plan.get("proctitle") or []), []
@@ -187,9 +187,9 @@ class UserHooks:
 
     def _why(self, t: Target) -> str:
         fails = self.failed.get(t.key, {})
-        text = "; ".join(f"{m}:{q}: {why}" for (m, q), why in fails.items()) if not t.from_hook else \
-            next(iter(fails.values()), "not found")
-        return text if t.from_hook else f"not found in the installed release ({text})"
+        if t.from_hook:
+            return next(iter(fails.values()), "not found")
+        return "not found in the installed release (" + "; ".join(fails.values()) + ")"
 
     def problem(self, target: str, text: str) -> None:
         """Ring meta (-> meta.json hook_problems) and one stderr line per job; the job goes on."""
