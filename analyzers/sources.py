@@ -254,6 +254,8 @@ def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], 
     for sub in ("dumps", "nccl", "logs"):
         if (hd / sub).is_dir():
             files.extend(_walk(hd / sub))
+    if (hd / "output.log").is_file():  # the job's own output, kept by trace run (server-log start-up phases)
+        files.append(hd / "output.log")
     ended = bool(meta and meta.get("exit"))
     return HostRun(hd, meta, ended)
 

@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 from ranktrace.tracer.launch import envplan
 from ranktrace.tracer.launch import hostinfo
 from ranktrace.tracer.launch import meta
+from ranktrace.tracer.launch import output_log
 from ranktrace.tracer.launch import profiles
 from ranktrace.tracer.watch.monitor import Monitor, MonitorOptions
 from ranktrace.tracer.watch.statusline import StatusLine
@@ -198,12 +199,17 @@ def launch(
     fast_error = _fastpath_problem()
     if fast_error:
         log(f"compiled fast path unavailable ({fast_error}): each traced call costs ~2 us instead of < 1 us")
-    proc = _start(opts.command, plan.env)
+    output = output_log.OutputLog(host_dir, log)  # the job's output also kept in <host>/output.log, where harmless
+    proc = _start(opts.command, plan.env, **output.popen_kwargs())
+    output.start(proc)
     # live status line (stderr on a TTY only); our own lines and reports erase it first
     status = StatusLine(sys.stderr, enabled=None if monitor_opts else False)
     log, show = status.wrap(log), status.wrap(show)
     job = _Job(proc.pid, _start_monitor(run_dir, host_dir, monitor_opts, log, show), status, log)
+    if job.mon is not None:
+        job.mon.job_pgid = proc.pid  # its descendants' CPU (a JIT build's compiler) is the job's progress
     returncode, gpu = _supervise(job, proc, tick_s)
+    output.close()
     _record_exit(host_dir, returncode, job, gpu.result(log), log)
     return RunOutcome(exit_code_of(returncode), returncode, run_dir, host_dir, killed_on_hang=bool(job.killed),
                       hang_detected=job.hang_detected)
@@ -222,7 +228,7 @@ def _prepare(opts: RunOptions) -> tuple[Path, Path, envplan.EnvPlan]:
     return run_dir, host_dir, plan
 
 
-def _start(command: Sequence[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+def _start(command: Sequence[str], env: dict[str, str], **popen: object) -> subprocess.Popen[bytes]:
     """Start the job in its own process group, with SIGTERM as its parent-death signal; we become a child
     subreaper first, so its orphaned processes are re-parented to us."""
     libc = _libc()
@@ -235,7 +241,7 @@ def _start(command: Sequence[str], env: dict[str, str]) -> subprocess.Popen[byte
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
     try:
-        return subprocess.Popen(list(command), env=env, preexec_fn=in_child)
+        return subprocess.Popen(list(command), env=env, preexec_fn=in_child, **popen)  # type: ignore[call-overload]
     except OSError as e:
         raise LaunchError(f"cannot run {command[0]!r}: {e.strerror or e}") from e
 

@@ -340,6 +340,8 @@ class Monitor:
     # --- the loop ----------------------------------------------------------------------------------------
     #: why hang detection is paused (the job took the terminal: a debugger prompt waits for a person), or None
     interactive: str | None = None
+    #: the job's process group (set by the launcher): CPU its processes without a ring burn is progress
+    job_pgid: int | None = None
 
     def silent_for(self) -> float:
         return self.clock() - self.state.last_progress
