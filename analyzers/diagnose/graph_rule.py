@@ -27,6 +27,8 @@ def graph_capture(ctx: Context) -> list[Candidate]:
     in_capture = set(open_caps) | capturing_ops | {r for r, (b, e) in marks.items() if b and not e}
     if not in_capture and not (regs and marks):
         return []
+    if not open_caps and not capturing_ops and ctx.graph.edges:
+        return []  # only log lines say "capturing": the ops say who waits for whom (the waiting rule names the phase)
     ranks_all = set(range(ctx.world)) if ctx.world else (set(marks) | set(regs) | in_capture)
     evidence: list[Evidence] = []
     culprits: set[int]

@@ -29,6 +29,7 @@ PROFILE_ENV = "RANKTRACE_PROFILE"  # a JSON plan written by tracer/launch/profil
 CATEGORIES = ("phase", "collective", "graph", "sync", "user")
 DEFAULT_CATEGORY = "user"
 _MAIN_MODULES = ("__main__", "__mp_main__")
+_SAID_PROFILE = 3  # profile targets said one by one on stderr per process; then one line for the rest
 
 
 class SpecError(ValueError):
@@ -138,6 +139,7 @@ class UserHooks:
         self.done: dict[str, str] = {}
         self.failed: dict[str, dict[tuple[str, str], str]] = {}  # target key -> {alternative: why it did not resolve}
         self.reported: set[str] = set()
+        self.said = 0  # profile targets said on stderr by this process (the rest: meta.json only)
 
     @property
     def specs(self) -> list[Target]:  # the older name
@@ -201,10 +203,19 @@ class UserHooks:
                               "rank": self.st.rank})
         except Exception:
             pass
+        profile = target.startswith("profile ")
+        if profile and self.said > _SAID_PROFILE:
+            return
         if self._first_in_job(target):
-            what = f"--hook {target}" if not target.startswith("profile ") else target
+            what = target if profile else f"--hook {target}"
+            line = f"[ranktrace] {what}: {text}; not traced, the job runs on\n"
+            if profile:
+                self.said += 1
+                if self.said > _SAID_PROFILE:
+                    line = ("[ranktrace] more profile targets are not in the installed release: meta.json "
+                            "hook_problems lists them all\n")
             try:
-                sys.stderr.write(f"[ranktrace] {what}: {text}; not traced, the job runs on\n")
+                sys.stderr.write(line)
             except Exception:
                 pass
 

@@ -19,7 +19,7 @@ class ServerArgs:
     fault: str = "none"
     fault_rank: int = 3
     fault_bs: int = 4
-    fault_step: int = 13
+    fault_step: int = 4
     hang_seconds: float = 600.0
     exit_after_ready: bool = True
     dist_timeout: float = 900.0
@@ -35,7 +35,8 @@ def prepare_server_args(argv: list[str]) -> ServerArgs:
     p.add_argument("--fault", choices=FAULTS, default="none")
     p.add_argument("--fault-rank", type=int, default=None, help="default: the last rank")
     p.add_argument("--fault-bs", type=int, default=4, help="batch size whose capture the fault hits")
-    p.add_argument("--fault-step", type=int, default=13, help="enqueued-ar: the pynccl all_reduce that never completes")
+    p.add_argument("--fault-step", type=int, default=4,
+                   help="enqueued-ar: the pynccl all_reduce whose kernel never completes (4: the first warm-up of bs=4)")
     p.add_argument("--hang-seconds", type=float, default=600.0)
     p.add_argument("--serve", action="store_true", help="keep serving after start-up (default: shut down, exit 0)")
     a = p.parse_args(argv)

@@ -61,8 +61,8 @@ class ModelRunner(ModelRunnerKVCacheMixin):
 
     def forward(self, bs: int) -> torch.Tensor:
         hidden = torch.ones(bs, HIDDEN) @ self.weight
-        self.tp_group.all_reduce(hidden)                    # TP all-reduce of the layer output (pynccl in capture)
         self.tp_group.all_reduce(hidden[:, :8].sum(1))      # a small one: custom all-reduce while capturing
+        self.tp_group.all_reduce(hidden)                    # TP all-reduce of the layer output (pynccl in capture)
         if faulty(self.server_args, "die", self.tp_rank) and self.tp_group.pynccl_comm.comm.ops >= 6:
             os._exit(1)
         return hidden
