@@ -10,7 +10,7 @@ from ranktrace.analyzers.diagnose.candidate import (Candidate, group_desc, op_ev
 from ranktrace.analyzers.diagnose.context import Context
 from ranktrace.analyzers.verdict import Evidence, Finding, WaitEdge
 
-__all__ = ["mismatch", "waiting", "stuck"]
+__all__ = ["mismatch", "waiting", "stuck", "exit_marks"]
 
 TIMEOUT = re.compile(r"timed out|timeout|deadline exceeded", re.IGNORECASE)
 
@@ -230,6 +230,10 @@ def _first_error_ns(ctx: Context) -> int | None:
     ev = ctx.events
     errs = ev.filter(pc.equal(ev["kind"], "error"))["wall_ns"]
     return pc.min(errs).as_py() if len(errs) else None
+
+
+def exit_marks(ctx: Context) -> dict[int, dict]:
+    return _exit_marks(ctx)
 
 
 def _exit_marks(ctx: Context) -> dict[int, dict]:

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ranktrace.analyzers.report.ledger import ledger_text
 from ranktrace.analyzers.verdict import Verdict, compact_ranks, operation_text
 
 __all__ = ["render", "EXTENSION", "BINARY"]
@@ -51,6 +52,11 @@ def render(verdict: Verdict, width: int = 120) -> str:
             t.add_row(*(Text(c) for c in (f"{r}{' *' if r in culprits else ''}", s.state, s.innermost_open or "",
                                           s.last_op or "", s.where or (s.stack[0] if s.stack else ""))))
         con.print(t)
+    ledger = ledger_text(verdict)
+    if ledger:
+        con.print(Text("start-up phases (time each took; '<- now': ranks still in it):", style="bold"))
+        for line in ledger:
+            con.print(Text(line))
     if verdict.stack_tree:
         con.print(Text("merged stacks (outermost first):", style="bold"))
         con.print(Text(verdict.stack_tree))

@@ -273,14 +273,22 @@ def make_proctitle_wrapper(st: TraceState, patterns: list[str], orig: Callable[.
 
 def record_roles(st: TraceState, roles: dict[str, int], source: str) -> None:
     """Identity from roles: an explicit rank wins; else the TP rank of a process with no pipeline stage (SGLang's
-    torch.distributed rank is pp * tp_size + tp); init_process_group corrects it later."""
+    torch.distributed rank is pp * tp_size + tp); init_process_group corrects it later. A process title names only
+    the roles that apply (PP/EP only when their size > 1), so once one was read it is the process's roles; roles
+    from arguments leave out stage/expert/context ranks of 0, which every process has whether or not they apply."""
     if st.rank is None:
         if "rank" in roles:
             st.rank = roles["rank"]
         elif "tp" in roles and not roles.get("pp"):
             st.rank = roles["tp"]
-    st.roles = {**getattr(st, "roles", {}), **roles}
+    if source.startswith("proctitle"):
+        st.roles, st.roles_from_title = dict(roles), True
+    elif not getattr(st, "roles_from_title", False):
+        st.roles = {**st.roles, **{k: v for k, v in roles.items() if v or k not in _ZERO_MEANS_NONE}}
     st.identity(source)
+
+
+_ZERO_MEANS_NONE = ("pp", "ep", "attn_cp", "moe_dp", "pcp", "dcp")
 
 
 def _bound_group_of(st: TraceState, spec: str, qualname: str, bound: bool,
