@@ -99,8 +99,9 @@ def load(path: Path) -> Profile:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         m = re.search(r"\(at line (\d+), column \d+\)", str(e))
-        where = f"{path}:{m.group(1)}" if m else str(path)
-        raise ProfileError(f"{where}: not valid TOML: {re.sub(r' *[(]at line.*', '', str(e))}") from None
+        line = m.group(1) if m else (str(len(text.splitlines())) if "end of document" in str(e) else None)
+        where = f"{path}:{line}" if line else str(path)
+        raise ProfileError(f"{where}: not valid TOML: {re.sub(r' *[(]at (line|end).*', '', str(e))}") from None
     lines = _Lines(path, text)
     for key in data:
         if key not in _TOP:

@@ -159,11 +159,15 @@ class UserHooks:
         for t in self.targets:
             if t.key in self.done:
                 continue
+            tried = False
             for alt in t.alternatives:
                 if alt[0] == name or (alt[0] in _MAIN_MODULES and name in _MAIN_MODULES):
+                    tried = True
                     self._apply(t, alt, module, final=alt[0] not in _MAIN_MODULES)
                     if t.key in self.done:
                         break
+            if tried and t.key not in self.done and t.key in self.failed and self._all_alternatives_failed(t):
+                self.problem(t.key, self._why(t))
 
     def retry_pending(self, final: bool = False) -> None:
         """Main-module targets: the script's classes exist once it has run its imports and definitions."""
@@ -242,8 +246,6 @@ class UserHooks:
                     self.pending.append(t)
                 return
             self.failed.setdefault(t.key, {})[alt] = str(e)
-            if self._all_alternatives_failed(t):
-                self.problem(t.key, self._why(t))
             return
         except Exception as e:  # our own bug: say so, never break the user's import
             self.problem(t.key, f"could not patch ({type(e).__name__}: {e})")
@@ -264,7 +266,7 @@ class UserHooks:
             if alt in tried:
                 continue
             if alt[0] in sys.modules:
-                continue  # imported: its own callback decides
+                return False  # imported and not tried yet: its own callback decides
             try:
                 if importlib.util.find_spec(alt[0]) is not None:
                     return False

@@ -117,7 +117,7 @@ def make_user_wrapper(st: TraceState, spec: str, qualname: str, category: str, o
             if compiling():
                 return orig(*args, **kwargs)
             extra = _extra(detail_of, args, kwargs)
-            if st.meta_spans >= MAX_META_SPANS:  # a hot span: stop spending the non-wrapping region on it
+            if st.meta_spans >= MAX_META_SPANS or not st.meta_room():  # hot spans: they go to op slots
                 return _slot_span_call(st, _spilled(shown, extra), CAT[category], None, False, orig, args, kwargs,
                                        sys._getframe(1))
             st.meta_spans += 1
@@ -182,7 +182,7 @@ def _cm_open(st: TraceState, shown: str, category: str, meta: bool,
         frame = sys._getframe(2)  # contextlib's __enter__ is skipped by the call-site walk
         extra = _extra(detail_of, args, kwargs) or {}
         span, parent, tid = st.new_span(), local.span, local.tid
-        if meta and st.meta_spans < MAX_META_SPANS:
+        if meta and st.meta_spans < MAX_META_SPANS and st.meta_room():
             st.meta_spans += 1
             st.meta_event("enter", shown, category, span, tid, callsite=st.callsite_text(frame),
                           parent_span_id=parent or None, **extra)
@@ -334,7 +334,7 @@ def _make_async_user_wrapper(st: TraceState, spec: str, qualname: str, category:
         try:
             tid, parent, span = local.tid, local.span, st.new_span()
             frame = sys._getframe(1)
-            if category in _META_CATEGORIES and st.meta_spans < MAX_META_SPANS:
+            if category in _META_CATEGORIES and st.meta_spans < MAX_META_SPANS and st.meta_room():
                 st.meta_spans += 1
                 meta = True
                 st.meta_event("enter", qualname, category, span, tid, callsite=st.callsite_text(frame),
