@@ -255,3 +255,27 @@ def test_the_plan_the_ranks_read_is_plain_json(tmp_path: Path):
     assert not problems and titles and len(targets) == info["targets"]
     assert json.loads(path.read_text())["schema"] == "ranktrace.profile/1"
     assert load_plan(str(tmp_path / "missing.json"))[2][0][1].startswith("cannot be read")
+
+
+def test_the_host_syncs_serving_frameworks_use_are_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """vLLM's current releases sync through torch.accelerator (capture, memory profiling); empty_cache waits too."""
+    import sys
+    import types
+
+    from ranktrace.tracer.rank.patch_graphs import install_cuda
+
+    st, path = _state(tmp_path)
+    cuda = types.ModuleType("torch.cuda")
+    cuda.synchronize = lambda device=None: "cuda"
+    cuda.empty_cache = lambda: "emptied"
+    accel = types.ModuleType("torch.accelerator")
+    accel.synchronize = lambda device=None, /: "accelerator"
+    accel.empty_cache = lambda: "accelerator emptied"
+    monkeypatch.setitem(sys.modules, "torch.accelerator", accel)
+    how = install_cuda(st, cuda)
+    assert (how["accelerator.synchronize"], how["accelerator.empty_cache"], how["empty_cache"]) == ("attr",) * 3
+    assert accel.synchronize() == "accelerator" and accel.empty_cache() == "accelerator emptied"
+    assert cuda.synchronize(0) == "cuda" and cuda.empty_cache() == "emptied"
+    names = [(r["name"], r["category"]) for r in _events(path) if r["kind"] == "enter"]
+    assert names == [("accelerator_synchronize", "sync"), ("accelerator_empty_cache", "sync"),
+                     ("cuda_synchronize", "sync"), ("empty_cache", "sync")]
