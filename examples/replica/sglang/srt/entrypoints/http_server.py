@@ -58,5 +58,10 @@ def launch_server(server_args: ServerArgs) -> int:
         for p in procs:
             p.join(30)
         return 0
-    while True:
-        time.sleep(3600)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:  # Ctrl-C: the schedulers got it too and leave their event loops
+        for p in procs:
+            p.join(30)
+        return 0

@@ -29,9 +29,12 @@ class Scheduler:
 
     def event_loop_normal(self) -> None:
         """Wait for requests (here: only "shutdown")."""
-        while True:
-            if self.requests.recv() == "shutdown":
-                return
+        try:
+            while True:
+                if self.requests.recv() == "shutdown":
+                    return
+        except (KeyboardInterrupt, EOFError):  # Ctrl-C, or the server went away
+            return
 
 
 def run_scheduler_process(server_args: ServerArgs, port_args: dict, gpu_id: int, tp_rank: int, attn_cp_rank: int,
