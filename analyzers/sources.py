@@ -111,6 +111,12 @@ def collect(paths: list[Path]) -> Inputs:
         reads=reads,
     )
     _fill_ranks(inputs)
+    from ranktrace.analyzers.dpworlds import separate_dp_worlds
+
+    inputs.events, inputs.stacks, inputs.observations, dp_world = separate_dp_worlds(
+        inputs.events, inputs.stacks, inputs.observations)
+    if dp_world:
+        inputs.world_size = max(inputs.world_size or 0, dp_world)
     return inputs
 
 

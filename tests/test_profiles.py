@@ -279,3 +279,75 @@ def test_the_host_syncs_serving_frameworks_use_are_recorded(tmp_path: Path, monk
     names = [(r["name"], r["category"]) for r in _events(path) if r["kind"] == "enter"]
     assert names == [("accelerator_synchronize", "sync"), ("accelerator_empty_cache", "sync"),
                      ("cuda_synchronize", "sync"), ("empty_cache", "sync")]
+
+
+def test_two_dp_replicas_that_reuse_ranks_are_kept_apart():
+    """SGLang DP2 x TP2 without DP attention: two torch worlds, both with ranks 0-1. DP1's rank 1 never issues
+    all_reduce seq 2 on its group; DP0 completes its own: the verdict blames DP1's rank 1 (rank 3), not DP0."""
+    from ranktrace.analyzers import schema
+    from ranktrace.analyzers.diagnose import build_context, diagnose
+    from ranktrace.analyzers.dpworlds import separate_dp_worlds
+    from ranktrace.analyzers.sources import Inputs
+
+    rows = []
+    for dp in (0, 1):
+        for rank in (0, 1):
+            pid = 100 + dp * 10 + rank
+            base = {"host": "h", "pid": pid, "rank": rank, "world": 2, "source": "events", "file": f"{pid}.ring"}
+            rows.append({**base, "kind": "identity", "name": "roles", "detail": f"DP{dp} TP{rank}", "line": -1})
+            n = 1 if (dp, rank) == (1, 1) else 2
+            for seq in range(1, n + 1):
+                for kind in ("enter", "exit"):
+                    rows.append({**base, "kind": kind, "name": "all_reduce", "category": "collective", "group": "2",
+                                 "group_ranks": [0, 1], "backend": "gloo", "seq": seq, "t_ns": seq * 10 + dp,
+                                 "wall_ns": seq * 10 + dp, "span_id": seq, "line": seq})
+    events = schema.table_from_rows(schema.EVENTS, rows)
+    ev, st, obs, world = separate_dp_worlds(events, schema.empty(schema.STACKS), schema.empty(schema.OBSERVATIONS))
+    assert world == 4
+    pairs = {(r["pid"], r["rank"], r["group"]) for r in ev.to_pylist() if r["kind"] == "enter"}
+    assert pairs == {(100, 0, "2"), (101, 1, "2"), (110, 2, "dp1:2"), (111, 3, "dp1:2")}
+    # DP1's rank 0 (now 2) still waits in seq 2 (its gloo call never returned): drop its exit
+    ev = ev.filter(pa_not_last_exit(ev))
+    inputs = Inputs(events=ev, stacks=st, observations=obs, world_size=world)
+    v = diagnose(build_context(inputs, None))
+    assert (v.kind, v.culprit_ranks, v.waiting_ranks) == ("missing_ranks", (3,), (2,))
+
+
+def pa_not_last_exit(ev):
+    import pyarrow as pa
+
+    keep = [not (r["pid"] == 110 and r["kind"] == "exit" and r["seq"] == 2) for r in ev.to_pylist()]
+    return pa.array(keep)
+
+
+def test_gpu_utilisation_is_evidence_for_an_enqueued_collective():
+    """Both ranks returned from pynccl all_reduce #7 and wait in torch.cuda.synchronize; NVML says their GPUs spin
+    at 100%: a kernel waits for a peer (not a host-side wait)."""
+    from ranktrace.analyzers import schema
+    from ranktrace.analyzers.diagnose import build_context, diagnose
+    from ranktrace.analyzers.sources import Inputs
+
+    rows, obs = [], []
+    for rank in (0, 1):
+        base = {"host": "h", "pid": 10 + rank, "rank": rank, "world": 2, "source": "events", "file": f"{rank}.ring",
+                "tid": 1}
+        for seq in range(1, 8):
+            for kind in ("enter", "exit"):
+                rows.append({**base, "kind": kind, "name": "all_reduce", "category": "collective",
+                             "group": "hook:PyNcclCommunicator.all_reduce#0", "group_desc": "pynccl",
+                             "backend": "hook", "seq": seq, "t_ns": seq * 100, "wall_ns": seq * 100, "span_id": seq,
+                             "line": seq * 2 + (kind == "exit"), "callsite": "forward (model.py:10)"})
+        rows.append({**base, "kind": "enter", "name": "cuda_synchronize", "category": "sync", "t_ns": 900,
+                     "wall_ns": 900, "span_id": 99, "line": 40, "callsite": "capture (runner.py:5)"})
+        obs.append({"host": "h", "pid": 10 + rank, "rank": rank, "kind": "gpu_memory", "name": f"gpu{rank}",
+                    "value": 1 << 30, "detail": "process", "source": "gpu", "file": "gpu.arrow"})
+        obs.append({"host": "h", "kind": "gpu_util", "name": f"gpu{rank}", "value": 100, "source": "gpu",
+                    "file": "gpu.arrow"})
+    inputs = Inputs(events=schema.table_from_rows(schema.EVENTS, rows), stacks=schema.empty(schema.STACKS),
+                    observations=schema.table_from_rows(schema.OBSERVATIONS, obs), world_size=2)
+    v = diagnose(build_context(inputs, None))
+    assert (v.kind, v.operation.name, v.operation.group_desc, v.operation.seq) == ("stuck_in_collective",
+                                                                                  "all_reduce", "pynccl", 7)
+    assert "pynccl all_reduce #7, returned" in v.summary and "their GPUs are busy" in v.summary
+    gpu = [e for f in v.findings for e in f.evidence if e.source == "gpu"]
+    assert [(e.rank, "spins" in e.detail) for e in gpu] == [(0, True), (1, True)]

@@ -221,18 +221,20 @@ def build_context(inputs: Inputs, liveness: Liveness | None) -> Context:
     rank_pids: dict[int, set[int]] = {}
     unranked: set[int] = set()
     job = _job_status(inputs, liveness)
-    for h in inputs.hosts:
-        for pid, info in ((h.meta or {}).get("pids") or {}).items():
-            if info.get("rank") is not None:
-                rank_pids.setdefault(info["rank"], set()).add(int(pid))
+    ring_rank: dict[int, int | None] = {}
     if events.num_rows:
         pr = events.select(["pid", "rank"]).filter(pc.equal(events["source"], "events")).group_by(
             ["pid"], use_threads=False).aggregate([("rank", "max")])
         for pid, rank in zip(pr["pid"].to_pylist(), pr["rank_max"].to_pylist()):
+            ring_rank[pid] = rank
             if rank is not None:
                 rank_pids.setdefault(rank, set()).add(pid)
             else:
                 unranked.add(pid)
+    for h in inputs.hosts:  # the rings' rank wins (a DP replica's ranks are moved apart: analyzers/dpworlds.py)
+        for pid, info in ((h.meta or {}).get("pids") or {}).items():
+            if info.get("rank") is not None and ring_rank.get(int(pid)) in (None, info["rank"]):
+                rank_pids.setdefault(info["rank"], set()).add(int(pid))
     parents: set[int] = set()
     if job.traced:
         for h in inputs.hosts:  # processes with a ring but no rank (a launcher, or a rank that never initialised)
