@@ -260,8 +260,9 @@ def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], 
     for sub in ("dumps", "nccl", "logs"):
         if (hd / sub).is_dir():
             files.extend(_walk(hd / sub))
-    if (hd / "output.log").is_file():  # the job's own output, kept by trace run (server-log start-up phases)
-        files.append(hd / "output.log")
+    out_log = hd / "output.log"
+    if out_log.is_file() and out_log.stat().st_size:  # the job's own output, kept by trace run (server-log phases)
+        files.append(out_log)
     ended = bool(meta and meta.get("exit"))
     return HostRun(hd, meta, ended)
 

@@ -48,7 +48,7 @@ def test_checks_and_ledger_on_a_verdict():
 
 
 def test_the_script_end_to_end_on_the_cpu_replica(tmp_path: Path, capsys):
-    rc = dcs.main(["--replica", "--tp", "2", "--timeout", "120", "--out", str(tmp_path / "run")])
+    rc = dcs.main(["--replica", "--tp", "2", "--timeout", "300", "--out", str(tmp_path / "run")])
     out = capsys.readouterr().out
     assert rc == 0, out[-4000:]
     assert "PASS  profile sglang picked from the command" in out and "FAIL" not in out
