@@ -57,6 +57,7 @@ def test_all_ranks_stall_after_an_enqueued_pynccl_all_reduce(tmp_path: Path):
                                                                                              ("bs=4", True)]
     assert all(p["start"] and p["seconds"] is not None for p in mine)
     assert "start-up phases" in res.stderr and "cuda-graph capture bs=4" in res.stderr
+    assert "s silent: ranks 0-3 in cuda_synchronize (during cuda-graph capture bs=4)" in res.stderr
     page = (run / "report.html").read_text()
     assert "Start-up phases" in page and "cuda-graph capture bs=4" in page
     # the job's own output was kept and read (its log lines are in the run dir)
