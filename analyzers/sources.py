@@ -112,6 +112,12 @@ def collect(paths: list[Path]) -> Inputs:
         reads=reads,
     )
     _fill_ranks(inputs)
+    from ranktrace.analyzers.dpworlds import separate_dp_worlds
+
+    inputs.events, inputs.stacks, inputs.observations, dp_world = separate_dp_worlds(
+        inputs.events, inputs.stacks, inputs.observations)
+    if dp_world:
+        inputs.world_size = max(inputs.world_size or 0, dp_world)
     return inputs
 
 
@@ -263,6 +269,9 @@ def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], 
         if (hd / sub).is_dir():
             files.extend(_walk(hd / sub))
     _read_host_nsys(hd, results, skipped)
+    out_log = hd / "output.log"
+    if out_log.is_file() and out_log.stat().st_size:  # the job's own output, kept by trace run (server-log phases)
+        files.append(out_log)
     ended = bool(meta and meta.get("exit"))
     return HostRun(hd, meta, ended)
 

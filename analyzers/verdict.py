@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = ["SCHEMA", "STATUSES", "KINDS", "Evidence", "Finding", "Operation", "WaitEdge", "RankState", "Verdict",
-           "InputSummary",
+           "InputSummary", "PhaseEntry",
            "compact_ranks", "operation_text"]
 
 SCHEMA = "ranktrace.verdict/1"
@@ -49,6 +49,41 @@ class Operation:
     phase: str | None = None
     peer: int | None = None
     callsite: str | None = None
+    phase_detail: str | None = None   # the instance of that phase (bs=64)
+
+
+@dataclass(frozen=True)
+class PhaseEntry:
+    """One start-up phase of one rank (analyzers/phases.py): DESIGN §5's ``phases`` list."""
+
+    rank: int | None          # None: a process without a rank (the server's main process)
+    name: str                 # torch_distributed_init | weight_loading | kv_cache_alloc | cuda_graph_capture | ...
+    detail: str | None = None  # bs=64
+    start_ns: int | None = None  # wall clock, ns since the epoch
+    seconds: float | None = None  # how long it took; an open phase: up to the time of the analysis's evidence
+    open: bool = False
+    source: str = "events"    # events (the rings) | server_log (the job's output)
+    file: str | None = None
+    line: int | None = None
+    failed: bool = False      # it ended by raising
+
+    def to_dict(self) -> dict[str, Any]:
+        start = None
+        if self.start_ns is not None:
+            import datetime as _dt
+
+            start = _dt.datetime.fromtimestamp(self.start_ns / 1e9, tz=_dt.timezone.utc).isoformat(
+                timespec="milliseconds")
+        return {"rank": self.rank, "name": self.name, "detail": self.detail, "start": start,
+                "start_ns": self.start_ns, "seconds": None if self.seconds is None else round(self.seconds, 3),
+                "open": self.open, "source": self.source, "file": self.file, "line": self.line,
+                "failed": self.failed}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "PhaseEntry":
+        return cls(rank=d.get("rank"), name=d["name"], detail=d.get("detail"), start_ns=d.get("start_ns"),
+                   seconds=d.get("seconds"), open=bool(d.get("open")), source=d.get("source", "events"),
+                   file=d.get("file"), line=d.get("line"), failed=bool(d.get("failed")))
 
 
 @dataclass(frozen=True)
@@ -69,6 +104,9 @@ class RankState:
     last_op: str | None = None
     pids: tuple[int, ...] = ()
     where: str | None = None  # innermost frame of the program itself (not stdlib, torch or ranktrace)
+    phase_detail: str | None = None   # the instance of its phase (bs=64)
+    phase_seconds: float | None = None  # how long it has been in that phase (or took, when none is open)
+    roles: str | None = None  # what the framework calls this process: "DP1 TP3 EP3" (DP replica, attention TP, ...)
 
 
 @dataclass(frozen=True)
@@ -112,6 +150,7 @@ class Verdict:
     stack_tree: str = ""     # merged STAT-style tree, rendered (text)
     inputs: tuple[str, ...] = ()
     input_reads: tuple[InputSummary, ...] = ()
+    phases: tuple[PhaseEntry, ...] = ()
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -148,6 +187,7 @@ class Verdict:
             "inputs": list(self.inputs),
             "input_reads": [{**asdict(i), "recognised": list(i.recognised), "ranks": list(i.ranks)}
                             for i in self.input_reads],
+            "phases": [p.to_dict() for p in self.phases],
         }
 
     @classmethod
@@ -176,6 +216,7 @@ class Verdict:
             world_size=d.get("world_size"), stack_tree=d.get("stack_tree", ""), inputs=tuple(d.get("inputs", ())),
             input_reads=tuple(InputSummary(**{**i, "recognised": tuple(i.get("recognised", ())),
                                               "ranks": tuple(i.get("ranks", ()))}) for i in d.get("input_reads", ())),
+            phases=tuple(PhaseEntry.from_dict(p) for p in d.get("phases", ())),
         )
 
 

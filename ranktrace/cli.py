@@ -110,10 +110,14 @@ class _RunCommand(click.Command):
                    "them). On a hang the report is written and exported before the verdict and before --on-hang "
                    "kill; it lands in <run>/<host>/nsys/ and joins the verdict. Without nsys: one line, no nsys.")
 @click.option("--nsys-args", default="", metavar='"ARGS"', help="More `nsys profile` switches (one quoted string).")
+@click.option("--profile", "profile", default=None, metavar="NAME|FILE",
+              help="What a serving framework's ranks also record (communicators, set-up steps, phases): sglang, vllm, "
+                   "torch, a profile .toml, or none. Default: picked from the command (-m sglang.launch_server, "
+                   "sglang serve, vllm serve, -m vllm.entrypoints...). --hook adds to it.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll: bool, analyze: bool,
         hang_after: float, startup_hang_after: float, on_hang: str, native_stacks: bool, monitor: bool,
-        hook_targets: tuple[str, ...], perfetto: Path | None, use_nsys: bool, nsys_args: str,
+        hook_targets: tuple[str, ...], perfetto: Path | None, use_nsys: bool, nsys_args: str, profile: str | None,
         command: tuple[str, ...]) -> None:
     """Run COMMAND with every rank traced: trace run [OPTIONS] -- CMD ARGS...
 
@@ -121,14 +125,23 @@ def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll
     from ranktrace.tracer.launch import finalize
     from ranktrace.tracer.launch import launcher
     from ranktrace.tracer.launch import meta
+    from ranktrace.tracer.launch import profiles
     from ranktrace.tracer.watch.monitor import MonitorOptions
 
     if perfetto is not None and perfetto.exists():  # nothing a user has is ever overwritten: said before the job
         _err(f"{perfetto} exists: not overwritten (choose another path)")
         sys.exit(EXIT_USAGE)
+    try:
+        chosen, chosen_by = profiles.choose(command, profile)
+    except profiles.ProfileError as e:
+        _err(str(e))
+        sys.exit(EXIT_USAGE)
+    if chosen and chosen_by == "the command":
+        _err(f"profile {chosen[0].name} ({len(chosen[0].targets)} targets), picked from the command "
+             f"(--profile none to turn it off)")
     opts = launcher.RunOptions(command=tuple(command), out=output, name=name, nccl_debug=nccl_debug,
                                nccl_coll=nccl_coll, hooks=hook_targets, nsys=use_nsys or bool(nsys_args),
-                               nsys_args=nsys_args)
+                               nsys_args=nsys_args, profiles=chosen, profile_source=chosen_by)
     mon = MonitorOptions(hang_after=hang_after, startup_hang_after=max(startup_hang_after, hang_after),
                          on_hang=on_hang, native_stacks=native_stacks) if monitor else None
     try:

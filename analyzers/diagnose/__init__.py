@@ -15,6 +15,7 @@ from ranktrace.analyzers.diagnose.graph_rule import graph_capture
 from ranktrace.analyzers.diagnose.init_rule import init_hang, nccl_init_hang
 from ranktrace.analyzers.diagnose.failure_rule import init_failure, rank_exit
 from ranktrace.analyzers.diagnose.stacks_rule import anonymous_stacks, stacks_only
+from ranktrace.analyzers.diagnose.serving_rule import enqueued_then_sync, setup_step
 from ranktrace.analyzers.diagnose.startup_rule import startup_stall
 from ranktrace.analyzers.diagnose.statement_rule import stated_mismatch, stated_missing
 from ranktrace.analyzers.diagnose.watchdog_rule import barrier_timeout, gloo_timeout, reported_timeouts
@@ -25,7 +26,7 @@ from ranktrace.analyzers.verdict import Evidence, Finding, InputSummary, RankSta
 __all__ = ["RULES", "diagnose", "build_context"]
 
 Rule = Callable[[Context], list[Candidate]]
-RULES: list[Rule] = [init_hang, nccl_init_hang, graph_capture, mismatch, stated_mismatch, stated_missing, waiting,
+RULES: list[Rule] = [init_hang, nccl_init_hang, enqueued_then_sync, setup_step, graph_capture, mismatch, stated_mismatch, stated_missing, waiting,
                      init_failure, rank_exit, barrier_timeout, stuck, reported_timeouts, gloo_timeout, stacks_only, anonymous_stacks,
                      blocked_outside, startup_stall]
 
@@ -67,7 +68,7 @@ def diagnose(ctx: Context) -> Verdict:
         rank_space = rs_obs[0]["detail"]
     return Verdict(
         status=status, unobserved_ranks=unobserved, rank_space=rank_space, findings=tuple(findings),
-        ranks=_rank_table(ctx), world_size=world, stack_tree=_stack_tree(ctx),
+        ranks=_rank_table(ctx), world_size=world, stack_tree=_stack_tree(ctx), phases=tuple(ctx.ledger),
         inputs=tuple(sorted({str(h.host_dir) for h in inputs.hosts} | set(inputs.formats))),
         input_reads=tuple(InputSummary(r.file, r.recognised, r.ranks, r.lines_used, r.lines_total, r.note)
                           for r in inputs.reads),
@@ -201,8 +202,10 @@ def _rank_table(ctx: Context) -> dict[int, RankState]:
             else:
                 state = "unknown"
         st = ctx.stacks.get(r)
+        cur = ctx.current.get(r)
         out[r] = RankState(
-            state=state, phase=ctx.phases.get(r),
+            state=state, phase=ctx.phases.get(r), phase_detail=cur.detail if cur else None,
+            phase_seconds=round(cur.seconds, 3) if cur and cur.seconds is not None else None, roles=ctx.roles.get(r),
             innermost_open=(f"{o.name}" + (f" group={o.group} seq={o.seq}" if o.seq is not None else "")) if o else None,
             stack=tuple(stacks_mod.normalise_frame(f) for f in (hoststate.without_tracer(st.frames)[:12] if st else ())),
             last_op=last_ops.get(r), pids=ctx.rank_pids.get(r, ()), where=_where(st),

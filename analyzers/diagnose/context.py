@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ranktrace.analyzers import hoststate, schema, timeline, waitfor
+from ranktrace.analyzers import hoststate, phases as phases_mod, schema, timeline, waitfor
 from ranktrace.analyzers.model import JobStatus, Liveness, OpenSpan
 from ranktrace.analyzers.readers.ranktrace_ring import RING_WRAPPED
 from ranktrace.analyzers.sources import Inputs
@@ -35,6 +35,10 @@ class Context:
     rank_pids: dict[int, tuple[int, ...]] = field(default_factory=dict)
     unranked_pids: tuple[int, ...] = ()   # traced processes that imported torch.distributed but never got a rank
     anon_stacks: list[hoststate.RankStack] = field(default_factory=list)  # processes dumped with no rank at all
+    ledger: list[Any] = field(default_factory=list)           # analyzers.phases: every rank's start-up phases
+    current: dict[int, Any] = field(default_factory=dict)     # rank -> the PhaseEntry it is in now (or last)
+    roles: dict[int, str] = field(default_factory=dict)       # rank -> "DP1 TP3 EP3"
+    as_of_ns: int | None = None                               # when the evidence was looked at (open phases end here)
 
     def open_by_rank(self) -> dict[int, OpenSpan]:
         """Innermost (latest) open span per rank, preferring the rank's main process."""
@@ -217,18 +221,20 @@ def build_context(inputs: Inputs, liveness: Liveness | None) -> Context:
     rank_pids: dict[int, set[int]] = {}
     unranked: set[int] = set()
     job = _job_status(inputs, liveness)
-    for h in inputs.hosts:
-        for pid, info in ((h.meta or {}).get("pids") or {}).items():
-            if info.get("rank") is not None:
-                rank_pids.setdefault(info["rank"], set()).add(int(pid))
+    ring_rank: dict[int, int | None] = {}
     if events.num_rows:
         pr = events.select(["pid", "rank"]).filter(pc.equal(events["source"], "events")).group_by(
             ["pid"], use_threads=False).aggregate([("rank", "max")])
         for pid, rank in zip(pr["pid"].to_pylist(), pr["rank_max"].to_pylist()):
+            ring_rank[pid] = rank
             if rank is not None:
                 rank_pids.setdefault(rank, set()).add(pid)
             else:
                 unranked.add(pid)
+    for h in inputs.hosts:  # the rings' rank wins (a DP replica's ranks are moved apart: analyzers/dpworlds.py)
+        for pid, info in ((h.meta or {}).get("pids") or {}).items():
+            if info.get("rank") is not None and ring_rank.get(int(pid)) in (None, info["rank"]):
+                rank_pids.setdefault(info["rank"], set()).add(int(pid))
     parents: set[int] = set()
     if job.traced:
         for h in inputs.hosts:  # processes with a ring but no rank (a launcher, or a rank that never initialised)
@@ -241,10 +247,36 @@ def build_context(inputs: Inputs, liveness: Liveness | None) -> Context:
     stacks = hoststate.latest_stacks(inputs.stacks, _op_pids(events, rank_pids))
     host_states = {r: hoststate.classify(s.frames, s.thread_state) for r, s in stacks.items()}
     open_rows = timeline.open_enter_rows(events)
+    as_of = _as_of_ns(inputs, liveness, events)
+    ledger = phases_mod.build_ledger(events, as_of)
+    current = phases_mod.current_phases(ledger)
+    phase_names = timeline.last_phase(events)
+    phase_names.update({r: p.name for r, p in current.items()})
     return Context(
         inputs=inputs, events=events, ops=ops, graph=waitfor.build_graph(ops, group_ranks, world, _wrapped(events)),
         group_ranks=group_ranks, world=world, observed_ranks=observed, open_spans=timeline.open_spans(events, open_rows),
-        stacks=stacks, host_states=host_states, phases=timeline.last_phase(events), job=job, open_rows=open_rows,
+        stacks=stacks, host_states=host_states, phases=phase_names, job=job, open_rows=open_rows,
         rank_pids={r: tuple(sorted(p)) for r, p in rank_pids.items()}, unranked_pids=tuple(sorted(unranked)),
         anon_stacks=hoststate.unranked_stacks(inputs.stacks) if not stacks else [],
+        ledger=ledger, current=current, roles=_roles(events), as_of_ns=as_of,
     )
+
+
+def _as_of_ns(inputs: Inputs, liveness: Liveness | None, events: pa.Table) -> int | None:
+    """The time the evidence describes: when the capture side looked, else the run's end, else its last event."""
+    if liveness is not None and not all(h.ended for h in inputs.hosts):
+        return int(liveness.checked_at * 1e9)
+    ends = [(h.meta or {}).get("end_wall_ns") for h in inputs.hosts]
+    if ends and all(ends):
+        return max(ends)
+    if events.num_rows and events["wall_ns"].null_count < events.num_rows:
+        return pc.max(events["wall_ns"]).as_py()
+    return None
+
+
+def _roles(events: pa.Table) -> dict[int, str]:
+    if events.num_rows == 0:
+        return {}
+    ids = events.filter(pc.equal(events["kind"], "identity"))
+    return {r["rank"]: r["detail"] for r in ids.select(["rank", "detail"]).to_pylist()
+            if r["rank"] is not None and r["detail"]}

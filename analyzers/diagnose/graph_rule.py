@@ -19,14 +19,20 @@ END = "cuda_graph_capture_end"
 
 def graph_capture(ctx: Context) -> list[Candidate]:
     # only capture spans: a rank blocked launching CUDAGraph.replay() (also category graph) is not capturing
+    from ranktrace.analyzers.diagnose.waiting_rule import exit_marks
+
+    gone = set(exit_marks(ctx))  # a rank that exited inside a capture left its span open: it exited, it is not capturing
     open_caps = {r: s for r, s in ctx.open_by_rank().items()
-                 if s.category == "graph" and s.name in ("cuda_graph_capture", "make_graphed_callables")}
-    capturing_ops = {s.rank for s in ctx.open_spans if s.capturing and s.rank is not None}
+                 if s.category == "graph" and s.name in ("cuda_graph_capture", "make_graphed_callables")
+                 and r not in gone}
+    capturing_ops = {s.rank for s in ctx.open_spans if s.capturing and s.rank is not None and s.rank not in gone}
     marks = _capture_marks(ctx)
     regs = {o["rank"]: o for o in ctx.observations("graph_registration") if o["rank"] is not None}
     in_capture = set(open_caps) | capturing_ops | {r for r, (b, e) in marks.items() if b and not e}
     if not in_capture and not (regs and marks):
         return []
+    if not open_caps and not capturing_ops and ctx.graph.edges:
+        return []  # only log lines say "capturing": the ops say who waits for whom (the waiting rule names the phase)
     ranks_all = set(range(ctx.world)) if ctx.world else (set(marks) | set(regs) | in_capture)
     evidence: list[Evidence] = []
     culprits: set[int]

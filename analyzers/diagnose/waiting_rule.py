@@ -10,7 +10,7 @@ from ranktrace.analyzers.diagnose.candidate import (Candidate, group_desc, op_ev
 from ranktrace.analyzers.diagnose.context import Context
 from ranktrace.analyzers.verdict import Evidence, Finding, WaitEdge
 
-__all__ = ["mismatch", "waiting", "stuck"]
+__all__ = ["mismatch", "waiting", "stuck", "exit_marks"]
 
 TIMEOUT = re.compile(r"timed out|timeout|deadline exceeded", re.IGNORECASE)
 
@@ -137,13 +137,19 @@ def waiting(ctx: Context) -> list[Candidate]:
         exit_ev.extend(early_exit_ev)
     kind = "rank_exited" if exited and exited >= culprit_set else "missing_ranks"
     culprit_where = []
+    from ranktrace.analyzers.diagnose.serving_rule import STEP_TEXT, open_step
+
     for r in sorted(culprit_set):
         w = where(ctx.stacks.get(r))
         st = ctx.host_states.get(r)
+        step = open_step(ctx, r)
+        inside = f" inside {STEP_TEXT.get(step.name, step.name)}" if step is not None else ""
         if r in exited:
             culprit_where.append(f"{ranks_text([r])} exited")
         elif w:
-            culprit_where.append(f"{ranks_text([r])} is in {w}" + (f" ({st})" if st else ""))
+            culprit_where.append(f"{ranks_text([r])} is{inside} in {w}" + (f" ({st})" if st else ""))
+        elif inside:
+            culprit_where.append(f"{ranks_text([r])} is{inside}")
         else:
             open_ = ctx.open_by_rank().get(r)
             if open_ is not None:
@@ -165,6 +171,11 @@ def waiting(ctx: Context) -> list[Candidate]:
         summary += " because it exited"
     if culprit_where:
         summary += "; " + "; ".join(culprit_where)
+    cur = ctx.current.get(waiting_on_ref[0]) if waiting_on_ref else None
+    if cur is not None and cur.open:
+        from ranktrace.analyzers.phases import phase_text
+
+        summary += f" (during {phase_text(cur.name, cur.detail)})"
     unobserved = sorted(r for r in culprit_set if r not in ctx.observed_ranks)
     evidence = [op_evidence(e.op, f"waits on rank {e.waits_on}") for e in into[:16]]
     for r in sorted(culprit_set):
@@ -182,8 +193,13 @@ def waiting(ctx: Context) -> list[Candidate]:
                                 tuple(op_evidence(e.op) for e in into[:4])))
     steps = _steps(ctx, kind, culprit_set, ref)
     wait_for = _wait_for(g)
+    op = operation_of(ref, g.members.get(ref.chan), ctx.phases.get(waiting_on_ref[0]))
+    if cur is not None:
+        import dataclasses
+
+        op = dataclasses.replace(op, phase=cur.name, phase_detail=cur.detail)
     return [Candidate(kind, summary, culprits=tuple(sorted(culprit_set)), waiting=waiters,
-                      operation=operation_of(ref, g.members.get(ref.chan), ctx.phases.get(waiting_on_ref[0])),
+                      operation=op,
                       wait_for=wait_for, findings=findings, next_steps=steps)]
 
 
@@ -214,6 +230,10 @@ def _first_error_ns(ctx: Context) -> int | None:
     ev = ctx.events
     errs = ev.filter(pc.equal(ev["kind"], "error"))["wall_ns"]
     return pc.min(errs).as_py() if len(errs) else None
+
+
+def exit_marks(ctx: Context) -> dict[int, dict]:
+    return _exit_marks(ctx)
 
 
 def _exit_marks(ctx: Context) -> dict[int, dict]:
@@ -289,6 +309,9 @@ def stuck(ctx: Context) -> list[Candidate]:
     for s in ctx.graph.stuck:
         ref = s.ops[0]
         members = ctx.graph.members.get(s.chan, ())
+        if (ref.group or "").startswith("hook:") and not any(o.errored for o in s.ops) and not any(
+                ctx.host_states.get(r) == "host_sync_wait" for r in s.not_completed):
+            continue  # a hooked call that returned was enqueued: nothing says it did not finish (DESIGN §2)
         if s.completed:
             culprits = s.not_completed
             summary = (f"{ranks_text(s.not_completed)} issued {ref.name} (group {ref.group}, seq {s.seq}) like "

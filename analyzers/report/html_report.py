@@ -515,6 +515,19 @@ def _culprit_band(rank: int, v: Verdict, spans_: list[Span], samples: list[tuple
     return out, over
 
 
+def _phases(v: Verdict) -> str:
+    """The start-up phase ledger (report/ledger.py): one row per phase and instance."""
+    from ranktrace.analyzers.report.ledger import ledger_rows
+
+    rows = ledger_rows(v)
+    if not rows:
+        return ""
+    body = "".join(f"<tr><td>{_e(r.phase)}</td><td>{_e(r.ranks)}</td><td>{_e(r.took)}</td><td>{_e(r.open)}</td></tr>"
+                   for r in rows)
+    return ("<h2>Start-up phases</h2><table><tr><th>phase</th><th>ranks</th><th>took</th><th>still in it</th></tr>"
+            f"{body}</table>")
+
+
 def _findings(v: Verdict) -> str:
     findings = shown_findings(v)
     if not findings:
@@ -557,6 +570,7 @@ def render(result: Analysis, bisect: Mapping[str, Any] | None = None) -> str:
         _rank_table(v),
         "<h2>Timeline</h2>", _timeline(result, v),
         f"<h2>Next steps</h2><ul>{steps}</ul>" if steps else "",
+        _phases(v),
         _findings(v),
         f"<h2>Merged stacks (outermost first)</h2><pre>{_e(v.stack_tree)}</pre>" if v.stack_tree else "",
         f"<h2>Who waits on whom</h2><ul>{waits}</ul>" if waits else "",

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ranktrace.analyzers.report.ledger import ledger_text
 from ranktrace.analyzers.report.words import plain, shown_findings, state_text
 from ranktrace.analyzers.verdict import InputSummary, RankState, Verdict, compact_ranks, operation_text
 
@@ -98,6 +99,11 @@ def render(verdict: Verdict, width: int | None = 120, color: bool = False) -> st
                 f"{compact_ranks(ranks)}{' *' if culprit else ''}", state_text(s.state), s.innermost_open or "",
                 s.last_op or "", s.where or (s.stack[0] if s.stack else ""))))
         con.print(t)
+    ledger = ledger_text(v)
+    if ledger:
+        con.print(Text("start-up phases (time each took; '<- now': ranks still in it):", style="bold"))
+        for line in ledger:
+            con.print(Text(line))
     if v.stack_tree:
         con.print(Text("merged stacks (outermost first):", style="bold"))
         con.print(Text(v.stack_tree))

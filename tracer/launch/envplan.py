@@ -14,7 +14,8 @@ from typing import Mapping, Sequence
 
 __all__ = ["EnvPlan", "plan_environment", "INJECT_DIR", "FORBIDDEN", "curated_subset", "HOOKS_ENV", "hooks_value"]
 
-HOOKS_ENV = "RANKTRACE_HOOKS"  # read in-rank by tracer.user_hooks
+HOOKS_ENV = "RANKTRACE_HOOKS"  # read in-rank by tracer/rank/patch_user.py
+PROFILE_ENV = "RANKTRACE_PROFILE"  # likewise: the JSON plan of the profile trace run picked
 
 INJECT_DIR = str(Path(__file__).resolve().parents[1] / "rank" / "_inject")
 # Never set by ranktrace: each changes the job's behaviour or speed.
@@ -39,12 +40,13 @@ class EnvPlan:
 
 def plan_environment(
     base: Mapping[str, str], host_dir: Path, *, nccl_debug: str | None = None, nccl_coll: bool = False,
-    hooks: Sequence[str] = (),
+    hooks: Sequence[str] = (), profile_plan: Path | None = None,
 ) -> EnvPlan:
     """Environment for the job started under `trace run`, writing into `host_dir`.
 
     `hooks` are ``--hook MODULE:QUALNAME[=category]`` values (already validated by the CLI); they reach the ranks
-    as RANKTRACE_HOOKS (comma-separated), after any the user's environment already named.
+    as RANKTRACE_HOOKS (comma-separated), after any the user's environment already named. `profile_plan`: the
+    resolved profile (tracer/launch/profiles.py) the ranks read, as RANKTRACE_PROFILE.
     """
     added: dict[str, str] = {}
 
@@ -72,6 +74,8 @@ def plan_environment(
     put("PYTHONFAULTHANDLER", "1")
     if hooks:
         added[HOOKS_ENV] = hooks_value(base, hooks)
+    if profile_plan is not None:
+        added[PROFILE_ENV] = str(profile_plan)
     env = dict(base)
     env.update(added)
     return EnvPlan(env=env, added=added)

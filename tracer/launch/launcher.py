@@ -30,6 +30,8 @@ from ranktrace.tracer.launch import envplan
 from ranktrace.tracer.launch import hostinfo
 from ranktrace.tracer.launch import meta
 from ranktrace.tracer.launch import nsys
+from ranktrace.tracer.launch import output_log
+from ranktrace.tracer.launch import profiles
 from ranktrace.tracer.launch import sysfacts
 from ranktrace.tracer.watch.monitor import Monitor, MonitorOptions
 from ranktrace.tracer.watch.presenter import Presenter
@@ -61,6 +63,8 @@ class RunOptions:
     hooks: tuple[str, ...] = ()   # --hook MODULE:QUALNAME[=category], validated by the CLI
     nsys: bool = False            # --nsys: run the job under Nsight Systems (tracer/launch/nsys.py)
     nsys_args: str = ""           # --nsys-args "...": more `nsys profile` switches
+    profiles: tuple = ()          # tracer.launch.profiles.Profile values, chosen by the CLI (profiles.choose)
+    profile_source: str = ""      # how they were chosen, for meta.json ("the command", "--profile")
 
 
 @dataclass
@@ -208,11 +212,16 @@ def launch(
         presenter.note(f"compiled fast path unavailable ({fast_error}): each traced call costs ~2 us instead of "
                        f"< 1 us")
     ns, command = nsys.start(host_dir, opts.command, opts.nsys_args, log) if opts.nsys else (None, opts.command)
-    proc = _start(command, plan.env)
+    output = output_log.OutputLog(host_dir, log)  # the job's output also kept in <host>/output.log, where harmless
+    proc = _start(command, plan.env, **output.popen_kwargs())
+    output.start(proc)
     job = _Job(proc.pid, _start_monitor(run_dir, host_dir, monitor_opts, log, show, presenter), status, log)
+    if job.mon is not None:
+        job.mon.job_pgid = proc.pid  # its descendants' CPU (a JIT build's compiler) is the job's progress
     if ns is not None and job.mon is not None:   # nsys stops and writes its report before the verdict and the kill
         job.mon.hang_captures.append(ns.capture)
     returncode, gpu = _supervise(job, proc, tick_s)
+    output.close()
     if ns is not None:
         ns.finish()
     machine.join()
@@ -230,14 +239,16 @@ def _prepare(opts: RunOptions) -> tuple[Path, Path, envplan.EnvPlan]:
     """Check the command, make ``<run>/<host>/``, plan the environment and write the first meta.json."""
     check_command(opts.command)
     run_dir, host_dir = prepare_run_dir(opts)
+    profile_plan, profile_meta = profiles.apply(host_dir, opts.profiles, opts.profile_source)
     plan = envplan.plan_environment(os.environ, host_dir, nccl_debug=opts.nccl_debug, nccl_coll=opts.nccl_coll,
-                                    hooks=opts.hooks)
+                                    hooks=opts.hooks, profile_plan=profile_plan)
     m = meta.initial_meta(opts.command, os.environ, plan.added, host_dir.name, run_dir.name)
+    m["profile"] = profile_meta
     meta.write_meta(host_dir, m)
     return run_dir, host_dir, plan
 
 
-def _start(command: Sequence[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+def _start(command: Sequence[str], env: dict[str, str], **popen: object) -> subprocess.Popen[bytes]:
     """Start the job in its own process group, with SIGTERM as its parent-death signal; we become a child
     subreaper first, so its orphaned processes are re-parented to us."""
     libc = _libc()
@@ -250,7 +261,7 @@ def _start(command: Sequence[str], env: dict[str, str]) -> subprocess.Popen[byte
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
     try:
-        return subprocess.Popen(list(command), env=env, preexec_fn=in_child)
+        return subprocess.Popen(list(command), env=env, preexec_fn=in_child, **popen)  # type: ignore[call-overload]
     except OSError as e:
         raise LaunchError(f"cannot run {command[0]!r}: {e.strerror or e}") from e
 

@@ -17,7 +17,7 @@ from .patch_c10d import install_c10d
 from .patch_graphs import install_cuda
 from .patch_pg import install_process_group
 from .patch_user import ENV as HOOKS_ENV
-from .patch_user import UserHooks, parse_env
+from .patch_user import PROFILE_ENV, Target, UserHooks, load_plan, parse_env
 from .recorder import DEFAULT_SLOTS, Recorder
 from .tracestate import TraceState
 
@@ -134,7 +134,10 @@ class _Setup:
         self.slots = _env_int("RANKTRACE_RING_SLOTS") or DEFAULT_SLOTS
         self.state = TraceState(self.new_ring, _env_int("RANK"), _env_int("WORLD_SIZE"))
         specs, self.bad_hooks = parse_env(os.environ.get(HOOKS_ENV))
-        self.user = UserHooks(self.state, specs, trace_dir)
+        profile_targets, proctitle, plan_problems = load_plan(os.environ.get(PROFILE_ENV))
+        self.bad_hooks += plan_problems
+        targets = profile_targets + [Target.of_spec(s) for s in specs]  # --hook adds to the profile
+        self.user = UserHooks(self.state, targets, trace_dir, proctitle)
         self.state.on_init.append(self.user.retry_pending)
 
     def new_ring(self) -> Recorder:

@@ -5,6 +5,7 @@ cannot be instantiated.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from .tracestate import TraceState
@@ -14,6 +15,9 @@ from .wrap_graphs import (make_capture_wrapper, make_graph_enter_wrapper, make_g
 __all__ = ["install_cuda", "SYNC_NAMES"]
 
 SYNC_NAMES = {"synchronize": "cuda_synchronize", "Stream": "stream_synchronize", "Event": "event_synchronize"}
+# the device-agnostic API vLLM's current releases sync through (capture, memory profiling), and empty_cache (it
+# synchronizes the device before it frees): host waits for the GPU like torch.cuda.synchronize
+ACCELERATOR_SYNCS = {"synchronize": "accelerator_synchronize", "empty_cache": "accelerator_empty_cache"}
 
 
 def install_cuda(st: TraceState, cuda: Any) -> dict[str, str]:
@@ -38,6 +42,12 @@ def install_cuda(st: TraceState, cuda: Any) -> dict[str, str]:
         if isinstance(cls, type):
             how[f"{cls_name}.synchronize"] = _patch(
                 cls, "synchronize", lambda f, n=SYNC_NAMES[cls_name]: make_sync_wrapper(st, n, f))
+    how["empty_cache"] = _patch_function(cuda, "empty_cache", lambda f: make_sync_wrapper(st, "empty_cache", f))
+    accelerator = sys.modules.get("torch.accelerator")  # imported by torch itself (2.6+); never imported here
+    if accelerator is not None:
+        for name, label in ACCELERATOR_SYNCS.items():
+            how[f"accelerator.{name}"] = _patch_function(
+                accelerator, name, lambda f, n=label: make_sync_wrapper(st, n, f))
     return how
 
 

@@ -1,26 +1,35 @@
-"""``trace run --hook MODULE:QUALNAME[=category]``: resolve and patch functions ranktrace does not know by itself
-(pynccl communicators, custom all-reduce kernels, a serving engine's phases); the wrappers are in wrap_user.
+"""Functions ranktrace does not know by itself (pynccl communicators, custom all-reduce kernels, a serving engine's
+phases): the targets of a profile (RANKTRACE_PROFILE, a JSON plan `trace run` wrote from tracer/profiles/*.toml) and
+of ``--hook MODULE:QUALNAME[=category]`` (RANKTRACE_HOOKS), resolved and patched as their modules import; the
+wrappers are in wrap_user.
 
-A target that does not resolve is said once per job on stderr and in the ring meta; the job runs on unchanged.
+A target has alternatives (a function renamed across releases): the first that resolves is wrapped. One that does
+not resolve is said once per job on stderr and in the ring meta (-> meta.json hook_problems); the job runs on. A
+profile target whose module is never imported (an optional back-end) is no problem; a --hook one is.
 """
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import inspect
+import json
 import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from .tracestate import TraceState
-from .wrap_user import make_user_wrapper
+from .wrap_user import make_identity_wrapper, make_proctitle_wrapper, make_user_wrapper
 
-__all__ = ["ENV", "CATEGORIES", "HookSpec", "SpecError", "parse_spec", "parse_env", "format_env", "UserHooks"]
+__all__ = ["ENV", "PROFILE_ENV", "CATEGORIES", "HookSpec", "SpecError", "Target", "parse_spec", "parse_env",
+           "format_env", "load_plan", "UserHooks"]
 
 ENV = "RANKTRACE_HOOKS"
+PROFILE_ENV = "RANKTRACE_PROFILE"  # a JSON plan written by tracer/launch/profiles.py
 CATEGORIES = ("phase", "collective", "graph", "sync", "user")
 DEFAULT_CATEGORY = "user"
 _MAIN_MODULES = ("__main__", "__mp_main__")
+_SAID_PROFILE = 3  # profile targets said one by one on stderr per process; then one line for the rest
 
 
 class SpecError(ValueError):
@@ -54,6 +63,48 @@ def parse_spec(text: str) -> HookSpec:
     return HookSpec(module, qualname, category)
 
 
+@dataclass(frozen=True)
+class Target:
+    """One thing to wrap: alternative (module, qualname) spellings, what its records are (category; identity
+    targets record who the process is), the name a person reads, the argument naming the instance."""
+
+    key: str                                   # how problems name it
+    alternatives: tuple[tuple[str, str], ...]
+    category: str | None                       # None: an identity target
+    name: str | None = None                    # None: the qualname (--hook)
+    detail: tuple[str, ...] = ()
+    comm: str | None = None
+    identity: tuple[tuple[str, str], ...] = ()
+    origin: str = "--hook"                     # "--hook" or "profile <name>"
+
+    @property
+    def from_hook(self) -> bool:
+        return self.origin == "--hook"
+
+    @classmethod
+    def of_spec(cls, spec: HookSpec) -> "Target":
+        return cls(spec.text, ((spec.module, spec.qualname),), spec.category)
+
+
+def load_plan(path: str | None) -> tuple[list[Target], list[str], list[tuple[str, str]]]:
+    """RANKTRACE_PROFILE -> (targets, proctitle patterns, [(what, problem)]): in-rank, with json only; a plan that
+    cannot be read is a problem, never an exception."""
+    if not path:
+        return [], [], []
+    try:
+        with open(path, encoding="utf-8") as f:
+            plan = json.load(f)
+        targets = []
+        for t in plan.get("targets", []):
+            alts = tuple(tuple(a.split(":", 1)) for a in t["targets"])
+            key = f"profile {t.get('profile')}: {t['targets'][0]}"
+            targets.append(Target(key, alts, t.get("category"), t["name"], tuple(t.get("detail") or ()), t.get("comm"),
+                                  tuple((t.get("identity") or {}).items()), f"profile {t.get('profile')}"))
+        return targets, list(plan.get("proctitle") or []), []
+    except Exception as e:  # the job runs on, untraced by the profile
+        return [], [], [(f"profile plan {path}", f"cannot be read ({type(e).__name__}: {e})")]
+
+
 def format_env(specs: list[HookSpec]) -> str:
     return ",".join(s.text for s in specs)
 
@@ -76,43 +127,75 @@ def parse_env(value: str | None) -> tuple[list[HookSpec], list[tuple[str, str]]]
 
 
 class UserHooks:
-    """The --hook targets of one process: patched as their modules import, problems reported once."""
+    """The profile and --hook targets of one process: patched as their modules import, problems reported once."""
 
-    def __init__(self, st: TraceState, specs: list[HookSpec], trace_dir: str | None) -> None:
+    def __init__(self, st: TraceState, specs: list[HookSpec] | list[Target], trace_dir: str | None,
+                 proctitle: list[str] | None = None) -> None:
         self.st = st
-        self.specs = specs
+        self.targets: list[Target] = [s if isinstance(s, Target) else Target.of_spec(s) for s in specs]
         self.trace_dir = trace_dir
-        self.pending: list[HookSpec] = []  # main-module targets not defined yet
+        self.proctitle = list(proctitle or [])
+        self.pending: list[Target] = []  # main-module targets not defined yet
         self.done: dict[str, str] = {}
+        self.failed: dict[str, dict[tuple[str, str], str]] = {}  # target key -> {alternative: why it did not resolve}
         self.reported: set[str] = set()
+        self.said = 0  # profile targets said on stderr by this process (the rest: meta.json only)
+
+    @property
+    def specs(self) -> list[Target]:  # the older name
+        return self.targets
 
     def modules(self) -> list[str]:
-        return sorted({s.module for s in self.specs})
+        mods = {m for t in self.targets for m, _q in t.alternatives}
+        if self.proctitle:
+            mods.add("setproctitle")
+        return sorted(mods)
 
     def on_module(self, module: Any) -> None:
         """Called right after `module` executed (or at once if it was imported before us)."""
         name = getattr(module, "__name__", None)
-        for spec in self.specs:
-            if spec.module != name and not (spec.module in _MAIN_MODULES and name in _MAIN_MODULES):
+        if name == "setproctitle" and self.proctitle:
+            self._patch_proctitle(module)
+        for t in self.targets:
+            if t.key in self.done:
                 continue
-            self._apply(spec, module, final=spec.module not in _MAIN_MODULES)
+            tried = False
+            for alt in t.alternatives:
+                if alt[0] == name or (alt[0] in _MAIN_MODULES and name in _MAIN_MODULES):
+                    tried = True
+                    self._apply(t, alt, module, final=alt[0] not in _MAIN_MODULES)
+                    if t.key in self.done:
+                        break
+            if tried and t.key not in self.done and t.key in self.failed and self._all_alternatives_failed(t):
+                self.problem(t.key, self._why(t))
 
     def retry_pending(self, final: bool = False) -> None:
         """Main-module targets: the script's classes exist once it has run its imports and definitions."""
-        for spec in list(self.pending):
-            module = sys.modules.get(spec.module) or sys.modules.get("__mp_main__")
+        for t in list(self.pending):
+            module = sys.modules.get(t.alternatives[0][0]) or sys.modules.get("__mp_main__")
             if module is not None:
-                self._apply(spec, module, final=final)
+                self._apply(t, t.alternatives[0], module, final=final)
 
     def report_unimported(self) -> None:
-        """At exit of a rank: targets whose module this rank never imported (a typo, most often)."""
+        """At exit of a rank: --hook targets whose module this rank never imported (a typo, most often), and profile
+        targets that did not resolve where their module was imported."""
         if self.st.rank is None or self.st._rec is None:
             return
-        for spec in self.specs:
-            if spec.text not in self.done and spec.text not in self.reported:
-                what = "not defined in the main script" if spec in self.pending else \
-                    f"module {spec.module!r} was never imported by rank {self.st.rank}"
-                self.problem(spec.text, what)
+        for t in self.targets:
+            if t.key in self.done or t.key in self.reported:
+                continue
+            if t in self.pending:
+                self.problem(t.key, "not defined in the main script")
+            elif t.key in self.failed:
+                self.problem(t.key, self._why(t))
+            elif t.from_hook:
+                self.problem(t.key, f"module {t.alternatives[0][0]!r} was never imported by rank {self.st.rank}")
+
+    def _why(self, t: Target) -> str:
+        fails = self.failed.get(t.key, {})
+        if t.from_hook:
+            return next(iter(fails.values()), "not found")
+        return "not found in the installed release (" + "; ".join(fails.values()) + ")"
 
     def problem(self, target: str, text: str) -> None:
         """Ring meta (-> meta.json hook_problems) and one stderr line per job; the job goes on."""
@@ -124,9 +207,19 @@ class UserHooks:
                               "rank": self.st.rank})
         except Exception:
             pass
+        profile = target.startswith("profile ")
+        if profile and self.said > _SAID_PROFILE:
+            return
         if self._first_in_job(target):
+            what = target if profile else f"--hook {target}"
+            line = f"[ranktrace] {what}: {text}; not traced, the job runs on\n"
+            if profile:
+                self.said += 1
+                if self.said > _SAID_PROFILE:
+                    line = ("[ranktrace] more profile targets are not in the installed release: meta.json "
+                            "hook_problems lists them all\n")
             try:
-                sys.stderr.write(f"[ranktrace] --hook {target}: {text}; not traced, the job runs on\n")
+                sys.stderr.write(line)
             except Exception:
                 pass
 
@@ -142,46 +235,75 @@ class UserHooks:
         except OSError:
             return True
 
-    def _apply(self, spec: HookSpec, module: Any, final: bool) -> None:
-        if spec.text in self.done:
+    def _apply(self, t: Target, alt: tuple[str, str], module: Any, final: bool) -> None:
+        if t.key in self.done:
             return
         try:
-            how = _patch_target(self.st, spec, module)
+            how = _patch_target(self.st, t, alt, module)
         except _Unresolved as e:
             if not final:
-                if spec not in self.pending:
-                    self.pending.append(spec)
+                if t not in self.pending:
+                    self.pending.append(t)
                 return
-            self.problem(spec.text, str(e))
+            self.failed.setdefault(t.key, {})[alt] = str(e)
             return
         except Exception as e:  # our own bug: say so, never break the user's import
-            self.problem(spec.text, f"could not patch ({type(e).__name__}: {e})")
+            self.problem(t.key, f"could not patch ({type(e).__name__}: {e})")
             return
-        if spec in self.pending:
-            self.pending.remove(spec)
-        self.done[spec.text] = how
+        if t in self.pending:
+            self.pending.remove(t)
+        self.done[t.key] = how
         try:
-            self.st.rec.meta({"type": "hooks", "user": {spec.text: how}})
+            self.st.rec.meta({"type": "hooks", "user": {t.key: how}})
         except Exception:
             pass
+
+    def _all_alternatives_failed(self, t: Target) -> bool:
+        """Every alternative was tried where its module exists (a module that does not exist in this release cannot
+        resolve later; one that exists but is not imported yet still can)."""
+        tried = self.failed.get(t.key, {})
+        for alt in t.alternatives:
+            if alt in tried:
+                continue
+            if alt[0] in sys.modules:
+                return False  # imported and not tried yet: its own callback decides
+            try:
+                if importlib.util.find_spec(alt[0]) is not None:
+                    return False
+            except Exception:
+                continue
+        return True
+
+    def _patch_proctitle(self, module: Any) -> None:
+        fn = getattr(module, "setproctitle", None)
+        if fn is None or getattr(fn, "__ranktrace__", False) or not callable(fn):
+            return
+        try:
+            module.setproctitle = make_proctitle_wrapper(self.st, self.proctitle, fn)
+        except Exception as e:
+            self.problem("setproctitle:setproctitle", f"could not patch ({type(e).__name__}: {e})")
 
 
 class _Unresolved(Exception):
     """The target does not name a function or method (yet)."""
 
 
-def _patch_target(st: TraceState, spec: HookSpec, module: Any) -> str:
-    parts = spec.qualname.split(".")
+def _patch_target(st: TraceState, t: Target, alt: tuple[str, str], module: Any) -> str:
+    mod_name, qualname = alt
+    parts = qualname.split(".")
     owner = module
     for i, part in enumerate(parts[:-1]):
         try:
             owner = getattr(owner, part)
         except AttributeError:
-            raise _Unresolved(f"{'.'.join(parts[:i + 1])!r} not found in module {spec.module!r}") from None
+            raise _Unresolved(f"{'.'.join(parts[:i + 1])!r} not found in module {mod_name!r}") from None
     attr = parts[-1]
 
     def make(fn: Callable[..., Any], bound: bool) -> Callable[..., Any]:
-        return make_user_wrapper(st, spec.text, spec.qualname, spec.category, fn, bound)
+        if t.category is None:
+            return make_identity_wrapper(st, t.origin, dict(t.identity), fn)
+        return make_user_wrapper(st, t.key if t.from_hook else f"{mod_name}:{qualname}", qualname, t.category, fn,
+                                 bound, name=t.name, detail=t.detail, comm=t.comm)
 
     if isinstance(owner, type):
         raw = None
@@ -200,21 +322,21 @@ def _patch_target(st: TraceState, spec: HookSpec, module: Any) -> str:
             setattr(owner, attr, classmethod(make(raw.__func__, True)))
             return "classmethod"
         if isinstance(raw, property) or not callable(raw):
-            raise _Unresolved(f"{spec.qualname!r} is a {type(raw).__name__}, not a function or method")
+            raise _Unresolved(f"{qualname!r} is a {type(raw).__name__}, not a function or method")
         if isinstance(raw, type):
-            raise _Unresolved(f"{spec.qualname!r} is a class: name one of its methods")
+            raise _Unresolved(f"{qualname!r} is a class: name one of its methods")
         setattr(owner, attr, make(raw, True))
         return "method"
     try:
         fn = inspect.getattr_static(owner, attr)
     except AttributeError:
-        where = f"module {spec.module!r}" if owner is module else repr('.'.join(parts[:-1]))
+        where = f"module {mod_name!r}" if owner is module else repr('.'.join(parts[:-1]))
         raise _Unresolved(f"{attr!r} not found in {where}") from None
     if getattr(fn, "__ranktrace__", False):
         return "done"
     if isinstance(fn, type):
-        raise _Unresolved(f"{spec.qualname!r} is a class: name one of its methods")
+        raise _Unresolved(f"{qualname!r} is a class: name one of its methods")
     if not callable(fn):
-        raise _Unresolved(f"{spec.qualname!r} is a {type(fn).__name__}, not a function")
+        raise _Unresolved(f"{qualname!r} is a {type(fn).__name__}, not a function")
     setattr(owner, attr, make(fn, False))
     return "function"

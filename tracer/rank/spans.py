@@ -54,9 +54,10 @@ def run_slot_span(st: TraceState, local: ThreadState, orig: Callable[..., Any], 
 
 
 def run_meta_span(st: TraceState, name: str, category: str, orig: Callable[..., Any], args: tuple, kwargs: dict,
-                  frame: Any) -> Any:
+                  frame: Any, extra: dict[str, Any] | None = None) -> Any:
     """Call orig inside an enter/exit pair in the meta region (never evicted), children parented to it: rare,
-    precious spans (make_graphed_callables, --hook phases)."""
+    precious spans (make_graphed_callables, profile phases and set-up steps); `extra` goes into the enter record
+    (``detail``: the argument that names the instance)."""
     local = recording_thread(st)
     if local is None:
         return orig(*args, **kwargs)
@@ -64,7 +65,7 @@ def run_meta_span(st: TraceState, name: str, category: str, orig: Callable[..., 
         span = st.new_span()
         parent = local.span
         st.meta_event("enter", name, category, span, local.tid, callsite=st.callsite_text(frame),
-                      parent_span_id=parent or None)
+                      parent_span_id=parent or None, **(extra or {}))
         nv = st.nv
         if nv is not None:
             nv.push(name)

@@ -12,6 +12,7 @@ import threading
 from typing import Any, Callable
 
 from .. import redact
+from ..ringformat import META_OFFSET
 from .callinfo import CallInfo
 from .captures import CaptureState
 from .groups import GroupBook
@@ -75,6 +76,7 @@ class TraceState(CallInfo, GroupBook, CaptureState):
         self.nv: Any = None          # nvtx_ranges.NvtxRanges while an NVTX tool is attached
         self._nv_loaded = False
         self.on_init: list[Callable[[], None]] = []  # run at each init_process_group entry (pending --hook targets)
+        self.roles: dict[str, int] = {}  # tp / pp / dp / ep ranks a profile's identity targets learned
         self.init_call_info()
         self.init_groups()
         self.init_captures()
@@ -164,12 +166,19 @@ class TraceState(CallInfo, GroupBook, CaptureState):
             {
                 "type": "identity", "rank": self.rank, "world": self.world, "source": source,
                 "local_rank": env_int("LOCAL_RANK"), "pid": os.getpid(), "ppid": os.getppid(),
-                "argv": redact.redact_argv(sys.argv),
+                "argv": redact.redact_argv(sys.argv), **({"roles": self.roles} if self.roles else {}),
             }
         )
 
     def default_pg(self) -> Any:
         return self._world_of()
+
+    def meta_room(self) -> bool:
+        """Whether a rare span may still go to the non-wrapping region: until it is half full. The other half stays
+        for what must never be lost (identity, groups, strings, problems); a job that captures thousands of graphs
+        (vLLM's piecewise capture makes ~4,000) records the rest in op slots."""
+        rec = self.rec
+        return rec._meta_off - META_OFFSET < rec.meta_bytes // 2
 
     def meta_event(self, kind: str, name: str, category: str, span: int, tid: int, **extra: Any) -> None:
         """An enter/exit/error/mark in the meta region (never evicted by the ring wrap)."""

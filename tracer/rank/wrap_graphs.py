@@ -9,8 +9,8 @@ import sys
 from typing import Any, Callable
 
 from .fastpath import MODE_SYNC, with_fastpath
-from .slotwriter import C_GRAPH, C_SYNC, ENTER, F_CAPTURING, N32, N64
-from .spans import error_text, finish_wrapper, run_meta_span, run_slot_span
+from .slotwriter import C_GRAPH, C_SYNC, ENTER, ERROR, EXIT, F_CAPTURING, N32, N64
+from .spans import error_id, error_text, finish_wrapper, run_meta_span, run_slot_span
 from .tracestate import ThreadState, TraceState, recording_thread
 
 __all__ = ["CAPTURE", "make_graph_enter_wrapper", "make_graph_exit_wrapper", "make_capture_wrapper",
@@ -20,13 +20,19 @@ CAPTURE = "cuda_graph_capture"
 
 
 def _open_capture(st: TraceState, graph: Any, frame: Any) -> tuple[int, int, int, Any]:
-    """Meta-region enter of a capture span; returns (span, graph id, parent, nvtx)."""
+    """Enter of a capture span, in the meta region while it has room (st.meta_room), else an op slot; returns (span,
+    graph id, parent, nvtx) — a negative span id marks a slot-recorded one."""
     local = st.local
     gid = st.graph_id(graph)
     span = st.new_span()
     parent = local.span
-    st.meta_event("enter", CAPTURE, "graph", span, local.tid, graph_id=gid, callsite=st.callsite_text(frame),
-                  parent_span_id=parent or None)
+    if st.meta_room():
+        st.meta_event("enter", CAPTURE, "graph", span, local.tid, graph_id=gid, callsite=st.callsite_text(frame),
+                      parent_span_id=parent or None)
+    else:
+        st.put(ENTER, C_GRAPH, 0, st.name_id(CAPTURE), 0, st.callsite(frame), 0, 0, 0, N32, gid, N64, N64, N64, span,
+               parent, local.tid)
+        span = -span
     nv = st.nv
     if nv is not None:
         nv.push(f"{CAPTURE} graph={gid}")
@@ -37,9 +43,9 @@ def _begin_capturing(st: TraceState, gid: int, span: int) -> None:
     """From here until the capture closes, ops get capturing=true + graph_id and no seq; ranktrace makes no CUDA
     call (it never does), and backend counters are not read (captured ops move them without running)."""
     st.capturing = gid
-    st.capture_span = span
+    st.capture_span = abs(span)
     st.capture_tid = st.local.tid
-    st.local.span = span
+    st.local.span = abs(span)
 
 
 def _close_capture(st: TraceState, span: int, gid: int, parent: int, nv: Any, err: BaseException | None) -> None:
@@ -48,10 +54,14 @@ def _close_capture(st: TraceState, span: int, gid: int, parent: int, nv: Any, er
     st.local.span = parent
     if nv is not None:
         nv.pop()
-    extra: dict[str, Any] = {"graph_id": gid}
-    if err is not None:
-        extra["error"] = error_text(err)
-    st.meta_event("error" if err is not None else "exit", CAPTURE, "graph", span, st.local.tid, **extra)
+    if span < 0:  # recorded in op slots (the meta region was half full)
+        st.put(ERROR if err is not None else EXIT, C_GRAPH, 0, st.name_id(CAPTURE), 0, 0, 0, 0,
+               error_id(st, err) if err is not None else 0, N32, gid, N64, N64, N64, -span, parent, st.local.tid)
+    else:
+        extra: dict[str, Any] = {"graph_id": gid}
+        if err is not None:
+            extra["error"] = error_text(err)
+        st.meta_event("error" if err is not None else "exit", CAPTURE, "graph", span, st.local.tid, **extra)
     st.rebaseline(check=False)  # captured collectives moved backend counters; they are not untraced ops
 
 

@@ -104,6 +104,7 @@ class _State:
     last_flush: float = 0.0
     reported: str | None = None     # the picture last reported (report again only when it changes)
     hang_reported_at: float | None = None
+    group_cpu: dict[int, tuple[int, int]] = field(default_factory=dict)  # pid -> (cpu ticks, storage io): no ring
 
 
 class Monitor:
@@ -208,7 +209,24 @@ class Monitor:
         if set(seen) != set(st.procs):
             moved = True  # a process started or ended
         st.procs = seen
+        if self.job_pgid is not None and self._group_busy(set(pids)):
+            moved = True
         return moved
+
+    def _group_busy(self, ring_pids: set[int]) -> bool:
+        """The job's processes that write no ring (a JIT build's compiler, a download helper): CPU above a third of a
+        core since the last tick, or storage I/O, is the job's progress. Idle helpers and pollers stay below it."""
+        from ranktrace.tracer.watch.proc_sampler import group_usage
+
+        try:
+            now = group_usage(self.job_pgid, ring_pids)  # type: ignore[arg-type]
+        except OSError:
+            return False
+        old, self.state.group_cpu = self.state.group_cpu, now
+        ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        cpu = sum(c - old[pid][0] for pid, (c, _io) in now.items() if pid in old)
+        io = any(io != old[pid][1] for pid, (_c, io) in now.items() if pid in old)
+        return io or cpu >= ticks * self.opts.interval / 3
 
     def _gpu_tick(self, now: float) -> bool:
         """Collect GPU answers (never waits), ask for the next one when due; True when a process's GPU memory grew."""
@@ -350,12 +368,22 @@ class Monitor:
     # --- the loop ----------------------------------------------------------------------------------------
     #: why hang detection is paused (the job took the terminal: a debugger prompt waits for a person), or None
     interactive: str | None = None
+    #: the job's process group (set by the launcher): CPU its processes without a ring burn is progress
+    job_pgid: int | None = None
 
     def silent_for(self) -> float:
         return self.clock() - self.state.last_progress
 
     def threshold(self) -> float:
-        return self.opts.hang_after if self.state.saw_collective else self.opts.startup_hang_after
+        """--hang-after once a collective ran, or while some rank is parked in a known wait (init_process_group, a
+        communicator's set-up or registration step): a wait with no progress is no slow start-up. Else the start-up
+        window (weights may load for minutes)."""
+        if self.state.saw_collective or self.parked():
+            return self.opts.hang_after
+        return self.opts.startup_hang_after
+
+    def parked(self) -> bool:
+        return any((t.in_init or t.open_steps) and not t.exited for t in self.tails.values())
 
     def tick(self) -> None:
         now = self.clock()
@@ -491,4 +519,10 @@ def inside_line(analysis: Analysis) -> str:
     parts = [f"{who(rs)} in {what}" for what, rs in sorted(inside.items())]
     if outside:
         parts.append(f"{who(outside)} outside any traced op")
+    phases = {(s.phase, s.phase_detail) for s in v.ranks.values() if s.phase and s.state != "exited"}
+    if len(phases) == 1 and parts:  # every rank in the same start-up phase: say which
+        from ranktrace.analyzers.phases import phase_text
+
+        name, detail = phases.pop()
+        parts[-1] += f" (during {phase_text(name, detail)})"
     return "; ".join(parts)

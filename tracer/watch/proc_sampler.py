@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 from ranktrace.tracer.watch.sample_log import ArrowStreamLog
 
-__all__ = ["ProcSampler", "ProcCounters", "THREAD_KEYFRAME_S"]
+__all__ = ["ProcSampler", "ProcCounters", "THREAD_KEYFRAME_S", "group_usage"]
 
 THREAD_KEYFRAME_S = 30.0
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -136,3 +136,30 @@ class ProcSampler:
                 "state": state, "wchan": wchan, "utime_ns": utime * _TICK_NS, "stime_ns": stime * _TICK_NS,
                 "majflt": majflt, "minflt": minflt,
             })
+
+
+def group_usage(pgid: int, exclude: set[int]) -> dict[int, tuple[int, int]]:
+    """pid -> (CPU ticks, storage read+write bytes) of every process in process group `pgid` except `exclude` (the
+    ranks: their progress is read otherwise). One pass over /proc; a process that vanished mid-read is skipped."""
+    out: dict[int, tuple[int, int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in exclude:
+            continue
+        stat = _read(f"/proc/{entry}/stat")
+        if not stat:
+            continue
+        try:
+            fields = stat[stat.rindex(b")") + 2:].split()
+            if int(fields[2]) != pgid:  # pgrp
+                continue
+            cpu = int(fields[11]) + int(fields[12])  # utime + stime
+        except (ValueError, IndexError):
+            continue
+        io = 0
+        raw = _read(f"/proc/{entry}/io")
+        if raw:
+            for line in raw.split(b"\n"):
+                if line.startswith((b"read_bytes:", b"write_bytes:")):
+                    io += int(line.split()[1])
+        out[int(entry)] = (cpu, io)
+    return out

@@ -38,6 +38,7 @@ class RingTail:
     group_desc: dict[str, str] = field(default_factory=dict)
     phase: str | None = None        # last phase mark
     in_init: bool = False           # inside init_process_group / new_group
+    open_steps: dict = field(default_factory=dict)  # span id -> name of open set-up steps (init / registration)
     exited: bool = False
     last_op: str | None = None
     _hdr: tuple[int, int, int] | None = None   # meta_size, slot_size, slots
@@ -117,6 +118,11 @@ class RingTail:
                     self.phase = str(m.get("name"))
             elif m.get("category") == "init" and m.get("name") in ("init_process_group", "new_group"):
                 self.in_init = m.get("kind") == "enter"
+            if m.get("category") in ("init", "graph") and m.get("span_id"):  # set-up steps: known waits
+                if m.get("kind") == "enter":
+                    self.open_steps[m["span_id"]] = str(m.get("name"))
+                else:
+                    self.open_steps.pop(m["span_id"], None)
 
     def _read_slots(self, f: Any) -> None:
         import numpy as np

@@ -12,7 +12,16 @@ from ranktrace.analyzers import schema
 from ranktrace.tracer import ringformat as rf
 from ranktrace.tracer.ringreader import RingContents
 
-__all__ = ["RING_WRAPPED", "ring_to_events", "identity_of"]
+__all__ = ["RING_WRAPPED", "ring_to_events", "identity_of", "roles_text"]
+
+_ROLE_ORDER = ("dp", "pp", "attn_cp", "moe_dp", "pcp", "tp", "dcp", "ep", "rank", "local_rank")
+
+
+def roles_text(roles: dict[str, Any]) -> str:
+    """{'dp': 1, 'tp': 3, 'ep': 3} -> 'DP1 TP3 EP3' (SGLang's own spelling of a scheduler's ranks)."""
+    keys = [k for k in _ROLE_ORDER if k in roles] + sorted(k for k in roles if k not in _ROLE_ORDER)
+    return " ".join(f"{k.upper()}{roles[k]}" for k in keys if k not in ("rank", "local_rank")) or \
+        " ".join(f"{k}={roles[k]}" for k in keys)
 
 RING_WRAPPED = "ring_wrapped"  # mark at a wrapped ring's oldest surviving record
 
@@ -127,6 +136,12 @@ def ring_to_events(rc: RingContents, host: str, file: str) -> pa.Table:
                 "source": "events", "file": file, "line": -(i + 1),  # negative: meta-region record index
             }
         )
+    roles = ident.get("roles")
+    if isinstance(roles, dict) and roles:  # what the framework calls this process (a profile's identity targets)
+        meta_rows.append({
+            "host": host, "pid": rc.pid, "rank": rank, "world": world, "kind": "identity", "name": "roles",
+            "detail": roles_text(roles), "source": "events", "file": file, "line": -(len(rc.meta) + 2),
+        })
     if rc.lost_ops and n:
         # The wrap lost this rank's oldest ops: from here on, "no record of op k" is not "never issued op k" for a
         # channel with no record left (analyzers.waitfor reads this mark).

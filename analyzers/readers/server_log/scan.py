@@ -35,8 +35,8 @@ def _p(name: str, category: str, regex: str, server: str) -> Phase:
 
 # Ordered: the first pattern found in a line wins.
 PHASES: tuple[Phase, ...] = (
-    _p("dist_init_begin", "phase", r"Init torch distributed begin", "sglang"),
-    _p("dist_init_end", "phase", r"Init torch distributed ends", "sglang"),
+    _p("dist_init_begin", "phase", r"Init torch distributed begin|Init parallel begin", "sglang"),
+    _p("dist_init_end", "phase", r"Init torch distributed ends|Init parallel ends", "sglang"),
     _p("dist_init_begin", "phase", r"world_size=\d+ rank=\d+ local_rank=\d+ distributed_init_method=", "vllm"),
     _p("dist_init_end", "phase", r"rank \d+ in world size \d+ is assigned as", "vllm"),
     _p("nccl_comm_init_begin", "phase", r"vLLM is using nccl==", "vllm"),
@@ -81,7 +81,7 @@ _PP_SIZE = re.compile(r"\bpp_size=(\d+)|\bpipeline_parallel_size=(\d+)")
 SNIFF_MARKERS = re.compile(
     r"No available shared memory broadcast block|[Ww]atchdog timeout \(self\.watchdog_timeout=|"
     r"vLLM is using nccl==|Worker ready; awaiting tasks|world_size=\d+ rank=\d+ local_rank=\d+ distributed_init|"
-    r"Init torch distributed (?:begin|ends)|Load weight (?:begin|end)|Capture (?:[\w-]+ ){0,3}graph (?:begin|end)|"
+    r"Init torch distributed (?:begin|ends)|Init parallel (?:begin|ends)|Load weight (?:begin|end)|Capture (?:[\w-]+ ){0,3}graph (?:begin|end)|"
     r"fired up and ready to roll|server_args=ServerArgs\(|is assigned as DP rank|Starting to load model|"
     r"Registering \d+ cuda graph addresses|Initializing a V\d LLM engine|Initializing an LLM engine|"
     r"vLLM API server|Graph capturing finished|KV Cache is allocated|Memory pool end|"

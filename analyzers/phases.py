@@ -1,0 +1,143 @@
+"""The start-up phase ledger: per rank, which phase it went through (torch distributed init, weight loading, KV
+cache, kernel warm-up, each CUDA-graph capture with its batch size, the draft worker's captures, serving), when each
+started, how long it took, and the one it is in now.
+
+Two sources, one ledger: the rings' phase spans (a profile's phase targets, ``--hook X=phase``; their detail names
+the instance, ``bs=64``), and the job's own log lines as the server-log reader read them (``Load weight begin`` /
+``end``, ``Capture cuda graph begin`` / ``end``, ``KV Cache is allocated``, the server saying it is ready). A phase
+the rings recorded for a rank is not taken again from that rank's log.
+
+Pure: tables in, a list of ``PhaseEntry`` out (``as_of_ns``: the time an open phase is measured up to).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ranktrace.analyzers.verdict import PhaseEntry
+
+__all__ = ["build_ledger", "current_phases", "LOG_PHASES", "PHASE_TEXT", "phase_text"]
+
+# server-log marks -> (ledger phase, begins | ends | point)
+LOG_PHASES = {
+    "dist_init_begin": ("torch_distributed_init", "begin"), "dist_init_end": ("torch_distributed_init", "end"),
+    "load_weights_begin": ("weight_loading", "begin"), "load_weights_end": ("weight_loading", "end"),
+    "kv_cache_alloc": ("kv_cache_alloc", "point"),
+    "cuda_graph_capture_begin": ("cuda_graph_init", "begin"), "cuda_graph_capture_end": ("cuda_graph_init", "end"),
+    "serving": ("serving", "begin"),
+}
+# how a person reads a phase name
+PHASE_TEXT = {
+    "torch_distributed_init": "torch distributed init", "weight_loading": "weight loading",
+    "memory_profiling": "memory profiling", "kv_cache_alloc": "KV cache allocation", "kernel_warmup": "kernel warm-up",
+    "attention_backend_init": "attention back-end init", "cuda_graph_init": "CUDA-graph set-up",
+    "cuda_graph_capture": "cuda-graph capture", "prefill_graph_capture": "prefill cuda-graph capture",
+    "draft_graph_init": "draft (EAGLE) CUDA-graph set-up", "draft_graph_capture": "draft (EAGLE) cuda-graph capture",
+    "draft_extend_graph_capture": "draft-extend cuda-graph capture", "draft_weight_loading": "draft weight loading",
+    "warmup": "warm-up", "server_warmup": "server warm-up", "serving": "serving",
+}
+
+
+def phase_text(name: str, detail: str | None = None) -> str:
+    return PHASE_TEXT.get(name, name.replace("_", " ")) + (f" {detail}" if detail else "")
+
+
+@dataclass
+class _Open:
+    rank: int | None
+    name: str
+    detail: str | None
+    start: int | None
+    source: str
+    file: str | None
+    line: int | None
+
+
+def build_ledger(events: pa.Table, as_of_ns: int | None) -> list[PhaseEntry]:
+    """Every phase of every rank, in start order."""
+    if events.num_rows == 0:
+        return []
+    out = _ring_phases(events, as_of_ns)
+    seen = {(p.rank, p.name) for p in out}
+    out += [p for p in _log_phases(events, as_of_ns) if (p.rank, p.name) not in seen]
+    out.sort(key=lambda p: (p.start_ns if p.start_ns is not None else 1 << 62, -1 if p.rank is None else p.rank))
+    return out
+
+
+def current_phases(ledger: list[PhaseEntry]) -> dict[int, PhaseEntry]:
+    """Per rank: the innermost phase still open (the latest-started one), else the last one that ended."""
+    cur: dict[int, PhaseEntry] = {}
+    for p in ledger:  # start order
+        if p.rank is None:
+            continue
+        have = cur.get(p.rank)
+        if have is None or p.open or not have.open:
+            cur[p.rank] = p
+    return cur
+
+
+def _entry(o: _Open, end: int | None, as_of_ns: int | None, closed: bool, error: bool = False) -> PhaseEntry:
+    stop = end if closed else as_of_ns
+    secs = None if o.start is None or stop is None else max(0.0, (stop - o.start) / 1e9)
+    return PhaseEntry(rank=o.rank, name=o.name, detail=o.detail, start_ns=o.start, seconds=secs, open=not closed,
+                      source=o.source, file=o.file, line=o.line, failed=error)
+
+
+def _ring_phases(events: pa.Table, as_of_ns: int | None) -> list[PhaseEntry]:
+    ev = events.filter(pc.and_(pc.equal(events["category"], "phase"), pc.equal(events["source"], "events")))
+    ev = ev.filter(pc.is_in(ev["kind"], value_set=pa.array(["enter", "exit", "error"])))
+    if ev.num_rows == 0:
+        return []
+    rows = ev.select(["host", "pid", "file", "span_id", "kind", "rank", "name", "detail", "wall_ns", "line"]).to_pylist()
+    opened: dict[tuple, _Open] = {}
+    out: list[PhaseEntry] = []
+    for r in sorted(rows, key=lambda r: (r["wall_ns"] or 0)):
+        key = (r["host"], r["pid"], r["file"], r["span_id"])
+        if r["kind"] == "enter":
+            name, detail = r["name"] or "?", _detail(r["detail"])
+            if " " in name and detail is None:  # a span spilled to op slots: "cuda_graph_capture bs=8"
+                name, detail = name.split(" ", 1)
+            opened[key] = _Open(r["rank"], name, detail, r["wall_ns"], "events", r["file"], r["line"])
+        else:
+            o = opened.pop(key, None)
+            if o is not None:
+                out.append(_entry(o, r["wall_ns"], as_of_ns, True, r["kind"] == "error"))
+    out += [_entry(o, None, as_of_ns, False) for o in opened.values()]
+    return out
+
+
+def _detail(d: str | None) -> str | None:
+    """A ring meta event's detail column is 'detail=bs=8' (or other key=value pairs): the instance text."""
+    if not d:
+        return None
+    return d[len("detail="):] if d.startswith("detail=") else d
+
+
+def _log_phases(events: pa.Table, as_of_ns: int | None) -> list[PhaseEntry]:
+    marks = events.filter(pc.and_(pc.equal(events["kind"], "mark"), pc.equal(events["source"], "server_log")))
+    if marks.num_rows == 0:
+        return []
+    out: list[PhaseEntry] = []
+    opened: dict[tuple, _Open] = {}
+    rows = marks.select(["rank", "name", "wall_ns", "file", "line"]).to_pylist()
+    for r in sorted(rows, key=lambda r: (r["file"] or "", r["line"] or 0)):
+        what = LOG_PHASES.get(r["name"] or "")
+        if what is None:
+            continue
+        name, how = what
+        key = (r["rank"], name)
+        o = _Open(r["rank"], name, None, r["wall_ns"], "server_log", r["file"], r["line"])
+        if how == "point":
+            out.append(_entry(o, r["wall_ns"], as_of_ns, True))
+        elif how == "begin":
+            if key in opened:  # begun again (a second capture pass): the first one ended where this began
+                out.append(_entry(opened.pop(key), r["wall_ns"], as_of_ns, True))
+            opened[key] = o
+        else:
+            b = opened.pop(key, None)
+            if b is not None:
+                out.append(_entry(b, r["wall_ns"], as_of_ns, True))
+    out += [_entry(o, None, as_of_ns, False) for o in opened.values()]
+    return out
