@@ -27,8 +27,39 @@ sys.path.insert(0, str(REPO))
 DEFAULT_CACHE = REPO / ".cache" / "releases"
 
 
+# what tests/test_bisect_knobs.py reads besides: each framework's argument parser and environment variables (a path
+# ending in "/" keeps every .py file under it)
+KNOB_FILES = {"sglang": {"sglang/srt/server_args.py", "sglang/srt/environ.py", "sglang/srt/arg_groups/arg_utils.py",
+                         "sglang/srt/arg_groups/fields/"},
+              "vllm": {"vllm/engine/arg_utils.py", "vllm/envs.py"}}
+
+
+def knob_attr_files() -> dict[str, set[str]]:
+    """pkg -> the files the knob catalogue's `attrs` name ("vllm/config/compilation.py:Class.field")."""
+    import tomllib
+
+    out: dict[str, set[str]] = {}
+
+    def walk(x: object) -> None:
+        if isinstance(x, dict):
+            for k, v in x.items():
+                if k == "attrs" and isinstance(v, list):
+                    for a in v:
+                        path = str(a).partition(":")[0]
+                        out.setdefault(path.split("/")[0], set()).add(path)
+                else:
+                    walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+
+    walk(tomllib.loads((REPO / "tracer" / "launch" / "bisect" / "knobs.toml").read_text()))
+    return out
+
+
 def wanted_files() -> dict[str, set[str]]:
-    """pkg==ver -> the .py paths (module file or package __init__) the profiles' targets live in."""
+    """pkg==ver -> the .py paths (module file or package __init__) the profiles' targets live in, and the files the
+    knob catalogue's test reads."""
     import tomllib
 
     out: dict[str, set[str]] = {}
@@ -37,7 +68,7 @@ def wanted_files() -> dict[str, set[str]]:
         mods = {a.split(":")[0] for t in data.get("target", []) for a in t.get("targets", [])}
         for release in data.get("profile", {}).get("releases", []):
             pkg = release.split("==")[0]
-            files = out.setdefault(release, set())
+            files = out.setdefault(release, set(KNOB_FILES.get(pkg, ())) | knob_attr_files().get(pkg, set()))
             for m in mods:
                 if m.split(".")[0] == pkg:
                     base = m.replace(".", "/")
@@ -63,7 +94,10 @@ def fetch(release: str, files: set[str], cache: Path) -> str:
         kept = 0
         with zipfile.ZipFile(wheels[0]) as z:
             for name in z.namelist():
-                if name in files:
+                if name.endswith("/"):
+                    continue
+                if name in files or any(f.endswith("/") and name.startswith(f) and name.endswith(".py")
+                                         for f in files):
                     target = dest / name
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.write_bytes(z.read(name))

@@ -8,8 +8,9 @@ valid `since` a release must be absent before it; one valid `until` a release mu
 Environment knobs are looked up in SGLang's environ.py / vLLM's envs.py, TORCH_NCCL_* in the installed torch's
 ProcessGroupNCCL headers.
 
-The release trees come from RANKTRACE_RELEASE_CACHE: a directory of unpacked ``<pkg>-<version>/`` trees (CI fills
-it with ``pip download --no-deps``); without it these tests skip and say why.
+The release trees come from RANKTRACE_RELEASE_CACHE, else .cache/releases: ``<pkg>-<version>/`` trees of the files
+read here, filled by ``.ci/fetch_releases.py`` (``pip download --no-deps``, run by .ci/run); a release not there is
+skipped and said.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import pytest
 from ranktrace.tracer.launch.bisect import knobs
 
 PINNED = {"sglang": ("0.5.23", "0.5.12.post1"), "vllm": ("0.33.0", "0.21.0")}
-CACHE = os.environ.get("RANKTRACE_RELEASE_CACHE")
+CACHE = os.environ.get("RANKTRACE_RELEASE_CACHE") or str(Path(__file__).resolve().parents[1] / ".cache" / "releases")
 PARSERS = {"sglang": ("sglang/srt/server_args.py",), "vllm": ("vllm/engine/arg_utils.py",)}
 ENV_FILES = {"sglang": "sglang/srt/environ.py", "vllm": "vllm/envs.py"}
 
