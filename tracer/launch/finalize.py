@@ -1,6 +1,6 @@
 """When the job ends: rings -> events.arrow, and the facts only the rings know (pid -> rank, versions) -> meta.json.
 
-Rings are kept (they are sparse files, and the raw record is the evidence); events.arrow is the analysis-ready
+Rings are kept (the raw record is the evidence); events.arrow is the analysis-ready
 copy. Finalizing is idempotent and never deletes anything the job or the user wrote.
 """
 from __future__ import annotations
@@ -24,8 +24,12 @@ def write_events(path: Path, table: pa.Table) -> None:
     """Arrow IPC *file* with the schema version in its metadata (self-describing)."""
     table = table.replace_schema_metadata({"schema": EVENTS_SCHEMA_VERSION})
     tmp = path.with_name(path.name + ".tmp")
-    with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table, max_chunksize=1 << 16)
+    try:
+        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table, max_chunksize=1 << 16)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk: no half file left to hold its space (the rings stay the record)
+        raise
     tmp.replace(path)
 
 
