@@ -17,14 +17,15 @@ __all__ = ["REDACTED", "secret_name", "redact_value", "redact_env", "redact_argv
 
 REDACTED = "<redacted>"
 _SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSW(OR)?D|CREDENTIAL|AUTH|COOKIE|SESSION", re.IGNORECASE)
-_URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][\w+.-]*://)(?P<user>[^:/@\s]+):(?P<pw>[^@/\s]+)@")
+_URL_USERINFO = re.compile(r"(?<![\w+.-])(?P<scheme>[a-zA-Z][\w+.-]*://)(?P<user>[^:/@\s]+):(?P<pw>[^@/\s]+)@")
 _TOKEN_SHAPES = [
     re.compile(r"\b(hf|ghp|gho|ghu|ghs|ghr|github_pat|glpat|xox[abpsr]|sk|pk|rk|sk-proj|AKIA|ASIA|AIza|ya29)[-_][A-Za-z0-9_\-]{12,}"),
     re.compile(r"\bAKIA[0-9A-Z]{16}\b"),
     re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"),  # JWT
 ]
 # Long opaque strings: at least 32 chars of base64/hex alphabet mixing letters and digits, no path separators.
-_OPAQUE = re.compile(r"(?<![\w/.-])(?=[A-Za-z0-9_\-+=]{32,}(?![\w/.-]))(?=[^\s]*\d)(?=[^\s]*[A-Za-z])[A-Za-z0-9_\-+=]{32,}")
+_OPAQUE = re.compile(
+    r"(?<![\w/.+=-])(?=[A-Za-z0-9_\-+=]{32,}(?![\w/.-]))(?=[A-Za-z_\-+=]*\d)(?=[0-9_\-+=]*[A-Za-z])[A-Za-z0-9_\-+=]{32,}")
 _SECRET_FLAG = re.compile(r"^--?[\w.-]*(token|key|secret|passw(or)?d|credential|auth)[\w.-]*$", re.IGNORECASE)
 
 

@@ -15,7 +15,7 @@ __all__ = ["mismatch", "waiting", "stuck"]
 TIMEOUT = re.compile(r"timed out|timeout|deadline exceeded", re.IGNORECASE)
 
 PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|remote process exited|Broken pipe|"
-                       r"peer .*(closed|exited|died)|ECONNRESET|socket closed", re.IGNORECASE)
+                       r"peer .{0,200}?(closed|exited|died)|ECONNRESET|socket closed", re.IGNORECASE)
 
 
 def mismatch(ctx: Context) -> list[Candidate]:

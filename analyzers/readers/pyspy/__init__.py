@@ -35,9 +35,9 @@ FIELD_MAP: tuple[ColumnMap, ...] = (
 )
 
 _SNIFF_TEXT = re.compile(
-    r"(?m)(^\S*?\s*Process \d+: .*\r?\n\S*?\s*Python v\d"
+    r"(?m)(^\S{0,80}?[ \t]{0,40}Process \d+: .*\r?\n\S{0,80}?[ \t]{0,40}Python v\d"
     r"|Pyspy dump for PID \d+|Pyspy failed|All pyspy dump attempts failed"
-    r"|^\S*?\s*Thread (?:0x[0-9a-fA-F]+|\d+) \((?:idle|active\+gil|active)\)"
+    r"|^\S{0,80}?[ \t]{0,40}Thread (?:0x[0-9a-fA-F]+|\d+) \((?:idle|active\+gil|active)\)"
     r"|^Permission Denied: Try running again with elevated permissions"
     r"|^Error: Failed to (?:get process executable name|find python version|get stack traces))"
 )
