@@ -115,11 +115,17 @@ SNIFF_RE = re.compile(
 )
 
 
+_NUL_RUN = re.compile(rb"\x00{8,}")
+
+
 def looks_binary(data: bytes) -> bool:
+    """Control bytes once NUL runs (sparse holes, a copytruncate'd front: the reader drops them) are set aside."""
     if not data:
         return False
-    sample = data[:65536]
-    if sample.count(b"\x00") > 0:
+    sample = _NUL_RUN.sub(b"", data[:65536])
+    if not sample:
+        return False
+    if b"\x00" in sample:   # NULs scattered among the bytes, not a hole: binary
         return True
     ctrl = sum(sample.count(bytes([c])) for c in range(1, 32) if c not in (9, 10, 13, 27))
     return ctrl > len(sample) // 20
