@@ -42,7 +42,14 @@ def diagnose(ctx: Context) -> Verdict:
         primary = None  # a job that exited 0 did not hang; ops "in flight" at exit are NCCL/async bookkeeping
     if primary is not None and primary.kind == "blocked_outside_collective" and _serving(ctx):
         primary = None  # after "serving", a rank waiting for requests is idle, not hung
+    cut = _cut_finding(ctx, primary)
+    if cut is not None:
+        primary = None  # a trace cut by killing trace run shows what was open then, never that it hung
     findings: list[Finding] = [f for c in candidates for f in c.findings]
+    if cut is not None:
+        findings.insert(0, cut)
+    if job.traced and job.ended and job.interrupted:
+        findings.insert(0, _interrupt_finding(ctx))
     findings.extend(_input_findings(inputs))
     findings.extend(_unknown_findings(ctx))
     findings.extend(_job_state_findings(ctx))
@@ -92,9 +99,13 @@ def _serving(ctx: Context) -> bool:
 
 def _status(ctx: Context, primary: Candidate | None) -> str:
     job = ctx.job
+    if job.traced and job.state in ("cut", "gone"):
+        return "inconclusive"
     if job.traced and job.ended:
         if job.killed_on_hang:
             return "hang" if primary is not None else "inconclusive"
+        if job.interrupted:
+            return "interrupted"  # a person's (or a scheduler's) SIGINT ended it: its own outcome, never a crash
         if job.exit_code == 0 and primary is None:
             return "completed"
         return "crashed" if (job.exit_code or job.signal) else ("hang" if primary else "completed")
@@ -156,6 +167,14 @@ def _no_primary(ctx: Context, status: str) -> tuple[str, str, list[str]]:
     job = ctx.job
     if status == "completed":
         return "no_hang", "The job completed: every collective that was issued completed.", []
+    if status == "interrupted":
+        return ("no_hang", "The job was interrupted (SIGINT) while nothing was pending: no hang was seen before it.",
+                [])
+    if job.traced and job.state == "cut":
+        return ("unknown", "The trace is incomplete: trace run was killed before the job ended, and its guardian "
+                "ended the job; calls open at that moment were cut off, not shown to hang.",
+                ["If the job was hung when trace run was killed, run it again under trace run (with --hang-after) or "
+                 "`trace attach PID` while it hangs."])
     if status == "idle":
         return "no_hang", "The job is serving and idle: ranks wait for requests, nothing is pending.", []
     if status == "crashed" and not job.traced:
@@ -242,6 +261,40 @@ def _unknown_findings(ctx: Context) -> list[Finding]:
             "so it is not blamed for it",
             (rank,), 0.5, tuple(op_evidence(x) for x in ops[:3])))
     return out
+
+
+def _cut_finding(ctx: Context, primary: Candidate | None) -> Finding | None:
+    """trace run was killed (its guardian ended the job: state cut) or vanished with its job (gone): the rings stop
+    there, and what they show open was cut off, not hung. The finding names it, and what was open."""
+    job = ctx.job
+    if not job.traced or job.state not in ("cut", "gone"):
+        return None
+    when = ""
+    if job.lost_ns:
+        import datetime
+
+        when = " at " + datetime.datetime.fromtimestamp(job.lost_ns / 1e9).strftime("%H:%M:%S")
+    how = ("trace run was killed" + when + " before the job ended; its guardian ended the job"
+           if job.state == "cut" else "the run has no exit status and none of its processes is alive")
+    opened = ""
+    if primary is not None:
+        opened = f"; open at the cut (not shown to hang): {primary.summary}"
+    ev = tuple(Evidence("meta", str(h.host_dir / "meta.json"), None,
+                        "launcher_lost" if (h.meta or {}).get("launcher_lost") else "no exit status")
+               for h in ctx.inputs.hosts if not h.ended)[:3]
+    return Finding("trace_incomplete", f"the trace is incomplete: {how}{opened}",
+                   primary.culprits if primary is not None else (), 1.0, ev)
+
+
+def _interrupt_finding(ctx: Context) -> Finding:
+    import datetime
+
+    t = ctx.job.interrupted_ns or 0
+    at = datetime.datetime.fromtimestamp(t / 1e9).strftime("%H:%M:%S") if t else "?"
+    return Finding("interrupted", f"the job was interrupted: trace run received SIGINT (a Ctrl-C, or a scheduler) at "
+                   f"{at} and forwarded it; exits and errors after it are the interrupt's, not a crash", (), 1.0,
+                   tuple(Evidence("meta", str(h.host_dir / "meta.json"), None, "exit.interrupted")
+                         for h in ctx.inputs.hosts[:1]))
 
 
 def _job_state_findings(ctx: Context) -> list[Finding]:

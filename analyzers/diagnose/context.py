@@ -135,7 +135,11 @@ def _job_status(inputs: Inputs, liveness: Liveness | None) -> JobStatus:
     known = all(pids is not None for pids in seen)
     live = sorted({p for pids in seen if pids for p in pids}) if not ended else []
     killed = any(c.get("killed_on_hang") for c in codes)
-    return JobStatus(True, ended, exit_code, sig, tuple(live), known, killed)
+    interrupted = min((c["interrupted_wall_ns"] for c in codes if c.get("interrupted")
+                       and isinstance(c.get("interrupted_wall_ns"), int)), default=None)
+    lost = [(h.meta or {}).get("launcher_lost") for h in inputs.hosts if not h.ended]
+    lost_ns = min((x.get("wall_ns") or 0 for x in lost if isinstance(x, dict)), default=None)
+    return JobStatus(True, ended, exit_code, sig, tuple(live), known, killed, interrupted, lost_ns)
 
 
 def _group_ranks(events: pa.Table) -> dict[str, tuple[int, ...]]:
