@@ -53,6 +53,7 @@ def diagnose(ctx: Context) -> Verdict:
     findings.extend(_input_findings(inputs))
     findings.extend(_unknown_findings(ctx))
     findings.extend(_job_state_findings(ctx))
+    findings.extend(_inferred_rank_findings(ctx))
     status = _status(ctx, primary)
     world = ctx.world
     unobserved = tuple(sorted(set(range(world)) - ctx.observed_ranks)) if world else ()
@@ -295,6 +296,23 @@ def _interrupt_finding(ctx: Context) -> Finding:
                    f"{at} and forwarded it; exits and errors after it are the interrupt's, not a crash", (), 1.0,
                    tuple(Evidence("meta", str(h.host_dir / "meta.json"), None, "exit.interrupted")
                          for h in ctx.inputs.hosts[:1]))
+
+
+def _inferred_rank_findings(ctx: Context) -> list[Finding]:
+    """`trace attach` read no RANK from some processes and numbered them by their order under one parent: every
+    claim about those ranks rests on that guess, so it is said."""
+    out = []
+    for h in ctx.inputs.hosts:
+        pids = (h.meta or {}).get("pids") or {}
+        guessed = sorted((info["rank"], int(pid)) for pid, info in pids.items()
+                         if info.get("rank") is not None and "inferred" in str(info.get("rank_from") or ""))
+        if guessed:
+            ranks = [r for r, _ in guessed]
+            out.append(Finding("ranks_inferred", f"{ranks_text(ranks)} were inferred from the order of their processes (none had RANK in its environment): "
+                               "check them against your launcher before acting on a rank number", tuple(ranks), 0.6,
+                               tuple(Evidence("meta", str(h.host_dir / "meta.json"), None,
+                                              f"pid {p} -> rank {r} (sibling order)", r) for r, p in guessed[:8])))
+    return out
 
 
 def _job_state_findings(ctx: Context) -> list[Finding]:
