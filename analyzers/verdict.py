@@ -69,6 +69,7 @@ class RankState:
     last_op: str | None = None
     pids: tuple[int, ...] = ()
     where: str | None = None  # innermost frame of the program itself (not stdlib, torch or ranktrace)
+    exit: str | None = None   # how its process ended ("exit code 7"; "no exit record: ..."), once it did
 
 
 @dataclass(frozen=True)

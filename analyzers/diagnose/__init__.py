@@ -221,8 +221,14 @@ def _rank_table(ctx: Context) -> dict[int, RankState]:
             else:
                 state = "unknown"
         st = ctx.stacks.get(r)
+        ended = ctx.rank_exits.get(r)
+        if ended is not None:
+            state = "exited"  # its own process recorded its exit: no older sample or open call says otherwise
+        exit_text = ended
+        if exit_text is None and ctx.job.traced and (state == "exited" or ctx.job.ended):
+            exit_text = "no exit record: ended by a signal (its launcher tearing the job down, SIGKILL, a crash)"
         out[r] = RankState(
-            state=state, phase=ctx.phases.get(r),
+            state=state, phase=ctx.phases.get(r), exit=exit_text,
             innermost_open=(f"{o.name}" + (f" group={o.group} seq={o.seq}" if o.seq is not None else "")) if o else None,
             stack=tuple(stacks_mod.normalise_frame(f) for f in (hoststate.without_tracer(st.frames)[:12] if st else ())),
             last_op=last_ops.get(r), pids=ctx.rank_pids.get(r, ()), where=_where(st),

@@ -144,7 +144,8 @@ def waiting(ctx: Context) -> list[Candidate]:
         w = where(ctx.stacks.get(r))
         st = ctx.host_states.get(r)
         if r in exited:
-            culprit_where.append(f"{ranks_text([r])} exited")
+            how = ctx.rank_exits.get(r)
+            culprit_where.append(f"{ranks_text([r])} exited" + (f" ({how})" if how else ""))
         elif w:
             culprit_where.append(f"{ranks_text([r])} is in {w}" + (f" ({st})" if st else ""))
         else:
