@@ -173,7 +173,9 @@ def test_sigkill_of_trace_run_ends_every_rank_and_the_trace_says_it_was_cut(tmp_
     """SIGKILL of trace run left the mp.spawn ranks under PID 1 (PDEATHSIG reaches only the direct child), and the
     trace dir then read HANG, culprit 0, exit 3 for a healthy job, saying nothing of the cut."""
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(TRACE + ["run", "-o", str(run_dir), "--", PY, "-c", HEALTHY_SPAWN], env=trace_env(),
+    script = tmp_path / "healthy_spawn.py"  # a file: mp.spawn's children import rank_main from it
+    script.write_text(HEALTHY_SPAWN)
+    proc = subprocess.Popen(TRACE + ["run", "-o", str(run_dir), "--", PY, str(script)], env=trace_env(),
                             cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     rings: list[Path] = []
@@ -186,7 +188,7 @@ def test_sigkill_of_trace_run_ends_every_rank_and_the_trace_says_it_was_cut(tmp_
             time.sleep(0.2)
         time.sleep(3)   # every rank in its loop
         job = [int(r.name.split(".")[0].split("-")[0]) for r in run_dir.glob("*/rings/*.ring")]
-        assert len(job) >= 4
+        assert len(job) >= 4 and proc.poll() is None  # main, 2 ranks, the new-session worker: all running
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         end = time.monotonic() + 15

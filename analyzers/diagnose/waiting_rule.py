@@ -139,6 +139,10 @@ def waiting(ctx: Context) -> list[Candidate]:
         exited |= culprit_set
         exit_ev.extend(early_exit_ev)
     kind = "rank_exited" if exited and exited >= culprit_set else "missing_ranks"
+    tied_cycle = into is internal and len(culprit_set) > 1 and confidence <= 0.5
+    if kind == "missing_ranks" and tied_cycle:
+        kind = "wait_cycle"  # they wait on each other and none departs from the rest: the cycle is the finding
+        cycle_notes = [n for n in cycle_notes if n.kind != "wait_cycle"]
     culprit_where = []
     for r in sorted(culprit_set):
         w = where(ctx.stacks.get(r))
@@ -276,6 +280,16 @@ def _steps(ctx: Context, kind: str, culprits: set[int], ref: waitfor.PendingOp) 
     if kind == "rank_exited":
         steps.append(f"Find why {rs} exited first: its stderr, exit code, OOM kills (dmesg), an exception before "
                      f"{ref.name} seq {ref.seq}.")
+    elif kind == "wait_cycle":
+        if ref.category == "p2p":
+            steps.append(f"{rs} each wait in {ref.name} for the other: a send/recv ordering deadlock (both receive "
+                         f"before either sends, or both send blocking into each other). Order the pair (one side "
+                         f"sends first), or post both directions at once with isend/irecv or batch_isend_irecv.")
+        else:
+            steps.append(f"{rs} wait on each other on different groups: two communicators taken in opposite order. "
+                         f"Make every rank issue its collectives on each group in the same order.")
+        if ref.callsite:
+            steps.append(f"The {ref.name} that closes the cycle is issued from {ref.callsite}.")
     else:
         w = [where(ctx.stacks.get(r)) for r in sorted(culprits)]
         if any(w):
