@@ -118,7 +118,9 @@ def attach(pids: list[int], out_base: Path = Path("traces")) -> AttachResult:
         n += 1
         run_dir = out_base / f"{stamp}-attach-{n}"
     host_dir = run_dir / hostinfo.host_key()
-    host_dir.mkdir(parents=True)
+    run_dir.mkdir(parents=True)
+    os.chmod(run_dir, 0o700)  # the job's stacks and command lines: its owner's alone
+    host_dir.mkdir()
     info: dict[int, dict[str, object]] = {}
     parent = _ppid_map()
     helpers = {p for p in procs if mp_helper(p)}

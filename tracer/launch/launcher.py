@@ -131,6 +131,7 @@ def prepare_run_dir(opts: RunOptions) -> tuple[Path, Path]:
     created = not run_dir.exists()
     try:
         host_dir = run_dir / hostinfo.host_key()
+        owner_only_dir(run_dir)  # stacks, command lines, rings: the run folder is its owner's alone
         for sub in ("rings", "nccl"):
             (host_dir / sub).mkdir(parents=True, exist_ok=True)
         probe = host_dir / ".write-probe"
@@ -141,6 +142,13 @@ def prepare_run_dir(opts: RunOptions) -> tuple[Path, Path]:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise LaunchError(f"output directory {run_dir}: {e.strerror or e}") from e
     return run_dir, host_dir
+
+
+def owner_only_dir(path: Path) -> None:
+    """Make `path` (and its missing parents) and chmod it 0700: whatever lands inside (rings, dumps, meta.json,
+    the verdict) is readable by its owner alone, at any umask. The parents keep their usual mode."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
 
 
 def exit_code_of(returncode: int) -> int:

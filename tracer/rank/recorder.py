@@ -67,7 +67,7 @@ class Recorder:
         # Written under a temporary name and published with link(): a live reader (the monitor, `trace analyze`)
         # never sees a ring whose header is not written yet, and an existing ring is never replaced.
         tmp = f"{path}.{os.getpid()}.part"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)  # the job's command line and call sites
         try:
             os.ftruncate(fd, size)
             reserve(fd, size)  # a page of a sparse file that faults on a full disk is SIGBUS in the job's own call
