@@ -125,6 +125,12 @@ def test_redaction_keeps_what_is_not_a_secret(argv: list[str], kept: str):
     assert kept in " ".join(redact.redact_argv(argv))
 
 
+def test_an_exception_named_like_a_secret_is_kept():
+    from ranktrace.tracer import redact
+
+    assert redact.redact_value("KeyError: 'boom'") == "KeyError: 'boom'"
+
+
 def test_short_p_flags_are_redacted():
     from ranktrace.tracer import redact
 

@@ -62,6 +62,8 @@ def redact_value(value: str) -> str:
 
 
 def _pair_redacted(m: "re.Match[str]") -> str:
+    if m["name"].endswith(("Error", "Exception", "Warning")):  # "KeyError: 'x'" is an exception, not a key
+        return m.group(0)
     value = m["value"]
     if value[:1] in ("'", '"'):
         shown = value[0] + REDACTED + value[0]
