@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from .nvtx_ranges import range_text
 from .slotwriter import C_COLL, CAT, ENTER, ERROR, EXIT, F_CAPTURING, N32, N64
-from .spans import error_id, error_text, finish_wrapper, run_meta_span, run_slot_span
+from .spans import error_id, error_text, finish_wrapper, run_meta_span, run_slot_span, unwound
 from .tracestate import TraceState, recording_thread
 
 __all__ = ["make_user_wrapper", "MAX_META_SPANS"]
@@ -37,18 +37,26 @@ def make_user_wrapper(st: TraceState, spec: str, qualname: str, category: str, o
         return _make_async_user_wrapper(st, spec, qualname, category, orig, bound)
     if category == "phase":
         def phase_hook(*args: Any, **kwargs: Any) -> Any:
-            if st.meta_spans >= MAX_META_SPANS:  # a hot "phase": stop spending the non-wrapping region on it
-                return _slot_span_call(st, qualname, CAT["phase"], None, False, orig, args, kwargs,
-                                       sys._getframe(1))
-            st.meta_spans += 1
-            return run_meta_span(st, qualname, "phase", orig, args, kwargs, sys._getframe(1))
+            try:
+                if st.meta_spans >= MAX_META_SPANS:  # a hot "phase": stop spending the non-wrapping region on it
+                    return _slot_span_call(st, qualname, CAT["phase"], None, False, orig, args, kwargs,
+                                           sys._getframe(1))
+                st.meta_spans += 1
+                return run_meta_span(st, qualname, "phase", orig, args, kwargs, sys._getframe(1))
+            except BaseException as e_:
+                unwound(e_)
+                raise
 
         return finish_wrapper(phase_hook, orig)
     cat = CAT[category]
     group_of = _bound_group_of(st, spec, qualname, bound) if cat == C_COLL else None
 
     def user_hook(*args: Any, **kwargs: Any) -> Any:
-        return _slot_span_call(st, qualname, cat, group_of, bound, orig, args, kwargs, sys._getframe(1))
+        try:
+            return _slot_span_call(st, qualname, cat, group_of, bound, orig, args, kwargs, sys._getframe(1))
+        except BaseException as e_:
+            unwound(e_)
+            raise
 
     return finish_wrapper(user_hook, orig)
 
@@ -90,7 +98,11 @@ def _make_async_user_wrapper(st: TraceState, spec: str, qualname: str, category:
     async def async_hook(*args: Any, **kwargs: Any) -> Any:
         local = recording_thread(st)
         if local is None:
-            return await orig(*args, **kwargs)
+            try:
+                return await orig(*args, **kwargs)
+            except BaseException as e_:
+                unwound(e_)
+                raise
         try:
             tid, parent, span = local.tid, local.span, st.new_span()
             frame = sys._getframe(1)
@@ -111,7 +123,11 @@ def _make_async_user_wrapper(st: TraceState, spec: str, qualname: str, category:
                 st.put(ENTER, cat, 0, name_id, gid, cs, 0, 0, 0, N32, N32, seq, N64, N64, span, parent, tid)
         except Exception as e:
             st.fail(e)
-            return await orig(*args, **kwargs)
+            try:
+                return await orig(*args, **kwargs)
+            except BaseException as e_:
+                unwound(e_)
+                raise
         try:
             result = await orig(*args, **kwargs)
         except BaseException as e:  # CancelledError included: the span ends where the task was cancelled
@@ -123,6 +139,7 @@ def _make_async_user_wrapper(st: TraceState, spec: str, qualname: str, category:
                            parent, tid)
             except Exception as e2:
                 st.fail(e2)
+            unwound(e)
             raise
         try:
             if meta:
@@ -158,7 +175,11 @@ def _slot_span_call(st: TraceState, name: str, cat: int, group_of: Callable[[Any
     `group_of`, in the group of the object it is bound to (args[0]), seq counted per group."""
     local = recording_thread(st)
     if local is None:
-        return orig(*args, **kwargs)
+        try:
+            return orig(*args, **kwargs)
+        except BaseException as e_:
+            unwound(e_)
+            raise
     try:
         grp = group_of(args[0] if bound and args else None) if group_of is not None else None
         tid = local.tid
@@ -181,7 +202,15 @@ def _slot_span_call(st: TraceState, name: str, cat: int, group_of: Callable[[Any
             nv.push(range_text(name, grp[1], seq, None) if grp is not None else name)
     except Exception as e:
         st.fail(e)
-        return orig(*args, **kwargs)
-    return run_slot_span(st, local, orig, args, kwargs, rec, nv, guard=False)
+        try:
+            return orig(*args, **kwargs)
+        except BaseException as e_:
+            unwound(e_)
+            raise
+    try:
+        return run_slot_span(st, local, orig, args, kwargs, rec, nv, guard=False)
+    except BaseException as e_:
+        unwound(e_)
+        raise
 
 
