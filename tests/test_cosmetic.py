@@ -46,3 +46,26 @@ def test_no_ranktrace_frame_in_the_jobs_tracebacks(tmp_path: Path, fastpath: str
     assert traced.returncode == plain.returncode == 1
     assert "tracer/rank" not in traced.stderr, traced.stderr[-3000:]
     assert _job_text(traced.stderr) == _job_text(plain.stderr)
+
+
+def test_import_sitecustomize_is_what_it_is_without_ranktrace(tmp_path: Path):
+    """`import sitecustomize` gave ranktrace's own module: the user's one (a cluster's, say) was shadowed, and a job
+    that has none imported ours."""
+    code = ("import argparse\ntry:\n    import sitecustomize\n    print('found', getattr(sitecustomize, 'MARK', None))\n"
+            "except ImportError as e:\n    print(type(e).__name__, e.name, e)\n")
+    none = run_trace(["run", "--no-analyze", "--no-monitor", "-o", str(tmp_path / "a"), "--", PY, "-c", code])
+    assert none.stdout == _plain(code).stdout == \
+        "ModuleNotFoundError sitecustomize No module named 'sitecustomize'\n", none.stdout
+    # the one difference left (see _step_aside in tracer/rank/_inject/sitecustomize.py): when `import sitecustomize` is the very first new import of the
+    # program, the message says the import was halted; the exception and its name are the same
+    first = code.replace("import argparse\n", "")
+    got = run_trace(["run", "--no-analyze", "--no-monitor", "-o", str(tmp_path / "c"), "--", PY, "-c", first])
+    assert got.stdout.startswith("ModuleNotFoundError sitecustomize "), got.stdout
+    user = tmp_path / "site"
+    user.mkdir()
+    (user / "sitecustomize.py").write_text("MARK = 'users'\n")
+    env = trace_env(PYTHONPATH=f"{user}{os.pathsep}{trace_env()['PYTHONPATH']}")
+    mine = subprocess.run(TRACE + ["run", "--no-analyze", "--no-monitor", "-o", str(tmp_path / "b"), "--", PY, "-c",
+                                   code], capture_output=True, text=True, env=env, cwd=REPO, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert mine.stdout == "found users\n", mine.stdout + mine.stderr[-2000:]
