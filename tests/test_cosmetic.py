@@ -69,3 +69,23 @@ def test_import_sitecustomize_is_what_it_is_without_ranktrace(tmp_path: Path):
                                    code], capture_output=True, text=True, env=env, cwd=REPO, timeout=120,
                           stdin=subprocess.DEVNULL)
     assert mine.stdout == "found users\n", mine.stdout + mine.stderr[-2000:]
+
+
+PARTIAL = "import sys; sys.stderr.write('a progress bar without its newline 100%'); sys.stderr.flush()"
+
+
+def test_our_last_line_is_never_glued_to_the_jobs_unterminated_line(tmp_path: Path):
+    res = run_trace(["run", "--no-analyze", "--no-monitor", "-o", str(tmp_path / "r"), "--", PY, "-c", PARTIAL])
+    assert "100%\n[ranktrace]" in res.stderr, res.stderr  # a pipe
+    log = tmp_path / "err.log"
+    with open(log, "w") as err:
+        subprocess.run(TRACE + ["run", "--no-analyze", "--no-monitor", "-o", str(tmp_path / "f"), "--", PY, "-c",
+                                PARTIAL], stdout=subprocess.DEVNULL, stderr=err, env=trace_env(), cwd=REPO,
+                       timeout=120, stdin=subprocess.DEVNULL)
+    text = log.read_text()
+    assert "100%\n[ranktrace]" in text, text
+    with open(log, "w") as err:  # a file that already ends its line gets no empty line
+        subprocess.run(TRACE + ["run", "--no-analyze", "--no-monitor", "-o", str(tmp_path / "g"), "--", PY, "-c",
+                                "import sys; sys.stderr.write('done\\n')"], stdout=subprocess.DEVNULL, stderr=err,
+                       env=trace_env(), cwd=REPO, timeout=120, stdin=subprocess.DEVNULL)
+    assert "done\n[ranktrace]" in log.read_text()

@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -201,6 +202,7 @@ def launch(
     job = _Job(proc.pid, _start_monitor(run_dir, host_dir, monitor_opts, log, show), status, log)
     job.guardian, job.host_dir = guardian, host_dir
     returncode, gpu = _supervise(job, proc, tick_s)
+    fresh_line(sys.stderr)  # the job's last stderr line may lack its newline: ours start on a line of their own
     _record_exit(host_dir, returncode, job, gpu.result(log), log)
     return RunOutcome(exit_code_of(returncode), returncode, run_dir, host_dir, killed_on_hang=bool(job.killed),
                       hang_detected=job.hang_detected)
@@ -503,6 +505,33 @@ def _end_leftovers(job: "_Job", grace_s: float = 5.0) -> None:
     while time.monotonic() < deadline and job.job_pids():
         time.sleep(0.05)
     job.end_job(signal.SIGKILL)
+
+
+def fresh_line(stream: "object") -> None:
+    """Start our next line at the beginning of a line, whatever the job left on `stream` (its stderr, shared with
+    ours): a regular file is read back (its last byte); on a terminal, as many spaces as the terminal is wide and a
+    carriage return move to a new line only when the cursor was not at its start (zsh's PROMPT_SP); a pipe cannot
+    be read back, so a newline is written (an empty line at worst, never a line glued to the job's)."""
+    try:
+        stream.flush()  # type: ignore[attr-defined]
+        fd = stream.fileno()  # type: ignore[attr-defined]
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode):
+            if st.st_size:
+                rfd = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)  # `2> file` is write-only: read it anew
+                try:
+                    last = os.pread(rfd, 1, os.fstat(rfd).st_size - 1)
+                finally:
+                    os.close(rfd)
+                if last != b"\n":
+                    os.write(fd, b"\n")
+        elif os.isatty(fd):
+            cols = os.get_terminal_size(fd).columns
+            os.write(fd, b" " * cols + b"\r\x1b[K")
+        else:
+            os.write(fd, b"\n")
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def _holds_terminal() -> bool:
