@@ -89,3 +89,11 @@ def test_our_last_line_is_never_glued_to_the_jobs_unterminated_line(tmp_path: Pa
                                 "import sys; sys.stderr.write('done\\n')"], stdout=subprocess.DEVNULL, stderr=err,
                        env=trace_env(), cwd=REPO, timeout=120, stdin=subprocess.DEVNULL)
     assert "done\n[ranktrace]" in log.read_text()
+
+
+def test_output_that_is_a_file_is_called_a_file(tmp_path: Path):
+    f = tmp_path / "somefile"
+    f.write_text("x")
+    res = run_trace(["run", "-o", str(f), "--", PY, "-c", "pass"])
+    assert res.returncode == 2
+    assert "is a file" in res.stderr and "not empty" not in res.stderr, res.stderr

@@ -111,7 +111,10 @@ def prepare_run_dir(opts: RunOptions) -> tuple[Path, Path]:
     """Create ``<run>/<host>/`` (never reusing a non-empty run dir). Raises LaunchError before anything exists."""
     if opts.out is not None:
         run_dir = opts.out
-        if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        if run_dir.exists() and not run_dir.is_dir():
+            raise LaunchError(f"output directory {run_dir} is a file, not a directory: give -o a new or empty "
+                              "directory (ranktrace never overwrites anything)")
+        if run_dir.exists() and any(run_dir.iterdir()):
             raise LaunchError(f"output directory {run_dir} exists and is not empty; ranktrace never overwrites a trace")
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S")
