@@ -91,6 +91,30 @@ def test_our_last_line_is_never_glued_to_the_jobs_unterminated_line(tmp_path: Pa
     assert "done\n[ranktrace]" in log.read_text()
 
 
+FORKED = r'''
+import multiprocessing as mp, torch.distributed
+def child():
+    import torch.distributed as dist
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:0")
+    dist.destroy_process_group()
+if __name__ == "__main__":
+    ps = [mp.get_context("fork").Process(target=child) for _ in range(2)]
+    [p.start() for p in ps]
+    [p.join() for p in ps]
+'''
+
+
+def test_no_agent_socket_is_left_behind(tmp_path: Path):
+    """Forked children end with os._exit (no atexit): their sockets stayed in <host>/agents/ after the run."""
+    job = tmp_path / "forked.py"
+    job.write_text(FORKED)
+    run_dir = tmp_path / "r"
+    res = run_trace(["run", "--no-analyze", "--no-monitor", "-o", str(run_dir), "--", PY, str(job)])
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert len(list(run_dir.glob("*/rings/*.ring"))) >= 3
+    assert list(run_dir.glob("*/agents/*.sock")) == []
+
+
 def test_output_that_is_a_file_is_called_a_file(tmp_path: Path):
     f = tmp_path / "somefile"
     f.write_text("x")

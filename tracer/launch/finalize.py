@@ -5,6 +5,7 @@ copy. Finalizing is idempotent and never deletes anything the job or the user wr
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,33 @@ def write_events(path: Path, table: pa.Table) -> None:
         tmp.unlink(missing_ok=True)  # a full disk: no half file left to hold its space (the rings stay the record)
         raise
     tmp.replace(path)
+
+
+def remove_stale_sockets(host_dir: Path) -> int:
+    """Remove the agent sockets of processes that are gone (a forked child ends with os._exit, a killed one with
+    nothing: neither removes its own); a process still alive (a daemon the job left running) keeps its socket."""
+    removed = 0
+    try:
+        names = os.listdir(host_dir / "agents")
+    except OSError:
+        return 0
+    for name in names:
+        head = name.split(".")[0]
+        if not (name.endswith(".sock") and head.isdigit()):
+            continue
+        try:
+            os.kill(int(head), 0)
+            continue  # alive (or not ours to signal): keep
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        try:
+            os.unlink(host_dir / "agents" / name)
+            removed += 1
+        except OSError:
+            pass
+    return removed
 
 
 def finalize_host_dir(host_dir: Path) -> dict[str, Any]:
@@ -68,5 +96,6 @@ def finalize_host_dir(host_dir: Path) -> dict[str, Any]:
         if rc.torn_meta:
             problems.append(f"{rel}: {rc.torn_meta} torn meta record(s)")
     write_events(host_dir / "events.arrow", schema.concat(schema.EVENTS, tables))
+    remove_stale_sockets(host_dir)
     return {"pids": pids, "versions": versions, "problems": problems,
             "hook_problems": [dict(v, ranks=sorted(v["ranks"]), pids=sorted(v["pids"])) for v in hook_problems.values()]}
