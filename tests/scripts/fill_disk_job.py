@@ -35,7 +35,7 @@ def main(rank: int, world: int) -> None:
     for _ in range(3000):
         dist.all_reduce(t)
     dist.destroy_process_group()
-    print("rank", rank, "ok", flush=True)
+    os.write(1, f"rank {rank} ok\n".encode())  # one write: the two ranks share the pipe
 
 
 if __name__ == "__main__":
