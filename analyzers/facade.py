@@ -81,9 +81,12 @@ def _replace(path: Path, text: str) -> None:
 
 
 def exit_code(v: Verdict) -> int:
-    """0 no hang, 3 hang or crash diagnosed, 4 inconclusive (2 = usage/input error, raised earlier)."""
+    """0 no hang, 3 hang or crash diagnosed (also a job interrupted while hung), 4 inconclusive (2 = usage/input
+    error, raised earlier)."""
     if v.status in ("hang", "crashed"):
         return 3
+    if v.status == "interrupted":
+        return 0 if v.kind in ("no_hang", "unknown") else 3
     if v.status == "inconclusive":
         return 4
     return 0

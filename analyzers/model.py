@@ -61,12 +61,21 @@ class JobStatus:
     live_pids: tuple[int, ...] = ()
     liveness_known: bool = False  # every host dir of the run was looked at: "not alive" then means gone
     killed_on_hang: bool = False  # ranktrace's --on-hang kill ended it: the job was hung, not crashed
+    interrupted_ns: int | None = None   # wall clock of the SIGINT trace run forwarded (a Ctrl-C): its own outcome
+    lost_ns: int | None = None          # trace run was lost (killed) then and its guardian ended the job
+
+    @property
+    def interrupted(self) -> bool:
+        return self.interrupted_ns is not None
 
     @property
     def state(self) -> str:
-        """ended | running (some process alive) | gone (none alive, no exit status) | unknown (nobody looked)."""
+        """ended | cut (trace run was killed; its guardian ended the job) | running (some process alive) | gone (none
+        alive, no exit status) | unknown (nobody looked)."""
         if self.ended:
             return "ended"
+        if self.lost_ns is not None:
+            return "cut"
         if not self.traced or not self.liveness_known:
             return "unknown"
         return "running" if self.live_pids else "gone"

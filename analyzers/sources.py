@@ -6,6 +6,7 @@ import dataclasses
 import importlib
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,23 @@ def _load_readers() -> list[tuple[str, Any]]:
 
 
 def _is_host_dir(p: Path) -> bool:
-    return p.is_dir() and ((p / "meta.json").exists() or (p / "rings").is_dir() or (p / "events.arrow").exists())
+    return _isdir(p) and (_exists(p / "meta.json") or _isdir(p / "rings") or _exists(p / "events.arrow"))
+
+
+def _exists(p: Path) -> bool:
+    """Path.exists() without its exception: a folder we may not read says "no" here, and the walk says why."""
+    try:
+        os.stat(p)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def _isdir(p: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(p).st_mode)
+    except (OSError, ValueError):
+        return False
 
 
 def collect(paths: list[Path]) -> Inputs:
@@ -79,16 +96,29 @@ def collect(paths: list[Path]) -> Inputs:
     hosts: list[HostRun] = []
     files: list[Path] = []
     for p in paths:
-        if not p.exists():
-            raise InputError(f"{p}: no such file or directory")
-        if p.is_file():
+        try:
+            mode = os.stat(p).st_mode
+        except FileNotFoundError:
+            raise InputError(f"{p}: no such file or directory") from None
+        except OSError as e:
+            skipped.append(Skipped(str(p), None, f"cannot read: {e.strerror or e}"))
+            continue
+        if stat.S_ISREG(mode):
             files.append(p)
             continue
-        host_dirs = [p] if _is_host_dir(p) else sorted(d for d in p.iterdir() if _is_host_dir(d))
+        if not stat.S_ISDIR(mode):  # a FIFO would block the first read forever; sockets and devices are no logs
+            skipped.append(Skipped(str(p), None, "not a regular file (a FIFO, socket or device): not read, it could "
+                                                 "block forever"))
+            continue
+        try:
+            host_dirs = [p] if _is_host_dir(p) else sorted(d for d in p.iterdir() if _is_host_dir(d))
+        except OSError as e:
+            skipped.append(Skipped(str(p), None, f"cannot read folder: {e.strerror or e}"))
+            continue
         for hd in host_dirs:
             hosts.append(_read_host_dir(hd, results, skipped, files))
         if not host_dirs:
-            files.extend(_walk(p))
+            files.extend(_walk(p, skipped))
     formats: dict[str, list[str]] = {}
     reads: list[InputRead] = []
     for f in files:
@@ -121,34 +151,61 @@ def collect(paths: list[Path]) -> Inputs:
     return inputs
 
 
-def _walk(root: Path) -> list[Path]:
+def _walk(root: Path, skipped: list[Skipped]) -> list[Path]:
+    """Every file under `root` (hidden ones and our own outputs aside); a folder that cannot be read is a Skipped
+    entry, never the end of the walk."""
     out = []
-    for dirpath, dirnames, filenames in os.walk(root):
+
+    def unreadable(e: OSError) -> None:
+        skipped.append(Skipped(str(e.filename or root), None, f"cannot read folder: {e.strerror or e}"))
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         out.extend(Path(dirpath) / f for f in sorted(filenames)
                    if not f.startswith(".") and f not in _OWN_FILES and not f.upper().startswith("README"))
     return out
 
 
+def _head(f: Path) -> bytes:
+    """The first HEAD_BYTES of a regular file. Opened non-blocking and checked on the open descriptor: a FIFO (or a
+    file swapped for one after the walk saw it) would block the read forever. OSError / _NotRegular otherwise."""
+    fd = os.open(f, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _NotRegular()
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            return fh.read(HEAD_BYTES)
+    finally:
+        os.close(fd)
+
+
+class _NotRegular(Exception):
+    pass
+
+
 def _read_file(f: Path, readers: list[tuple[str, Any]], results: list[ReadResult], skipped: list[Skipped],
                reads: list[InputRead]) -> list[str]:
     try:
-        with open(f, "rb") as fh:
-            head = fh.read(HEAD_BYTES) if f.is_file() else b""
+        head = _head(f)
+    except _NotRegular:
+        skipped.append(Skipped(str(f), None, "not a regular file (a FIFO, socket or device): not read, it could block "
+                                             "forever"))
+        return []
     except OSError as e:
         skipped.append(Skipped(str(f), None, f"cannot open: {e.strerror or e}"))
-        return []
-    if not f.is_file():
-        skipped.append(Skipped(str(f), None, "not a regular file (a FIFO, socket or device): not read"))
         return []
     if not head:
         skipped.append(Skipped(str(f), None, "empty file"))
         return []
+    # NUL runs are holes (a crash, copytruncate): a JSON document with one is still JSON to the sniffers that ask
+    bare = head.replace(b"\x00", b"") if b"\x00" in head else head
+    json_like = bare.lstrip()[:1] in (b"{", b"[")
     for name, mod in readers:
-        if name in _JSON_ONLY and head.lstrip()[:1] not in (b"{", b"["):
+        if name in _JSON_ONLY and not json_like:
             continue
         try:
-            if not mod.sniff(f, head):
+            if not mod.sniff(f, bare if json_like else head):
                 continue
         except Exception:
             continue
@@ -216,13 +273,17 @@ def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], 
     """A ranktrace host directory: events.arrow (or the rings, for a live or unfinalized job), plus dumps/ and nccl/."""
     meta: dict[str, Any] | None = None
     mp = hd / "meta.json"
-    if mp.exists():
+    if _exists(mp):
         try:
-            meta = json.loads(mp.read_text())
+            if os.stat(mp).st_size > 64 << 20:
+                raise ValueError("larger than 64 MiB")
+            meta = json.loads(mp.read_bytes())
             if not isinstance(meta, dict) or not str(meta.get("schema", "")).startswith("ranktrace.meta/"):
                 skipped.append(Skipped(str(mp), None, "not a ranktrace meta.json (schema missing)"))
                 meta = None
-        except (OSError, ValueError) as e:
+            else:
+                meta = checked_meta(meta, str(mp), skipped)
+        except (OSError, ValueError, RecursionError) as e:
             skipped.append(Skipped(str(mp), None, f"corrupt meta.json ({e}); job status unknown"))
     else:
         skipped.append(Skipped(str(mp), None, "missing meta.json; job status unknown"))
@@ -236,7 +297,7 @@ def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], 
     host = hd.name
     used_arrow = False
     ev = hd / "events.arrow"
-    if ev.exists():
+    if _exists(ev):
         try:
             with pa.memory_map(str(ev)) as src:
                 table = ipc.open_file(src).read_all()
@@ -250,12 +311,12 @@ def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], 
     if not used_arrow:
         from ranktrace.analyzers.readers import ranktrace_ring
 
-        for ring in sorted((hd / "rings").glob("*.ring")):
+        for ring in sorted(_glob(hd / "rings", "*.ring", skipped)):
             try:
                 results.append(ranktrace_ring.read(ring, host=host))
             except ReaderError as e:
                 skipped.append(Skipped(str(ring), None, e.reason))
-    if (hd / "samples").is_dir() or (hd / "dumps").is_dir():
+    if _isdir(hd / "samples") or _isdir(hd / "dumps"):
         # the monitor's periodic samples (stacks, /proc, GPU) and the RAS pairs its bursts saved; sampled stacks of
         # a job that completed cleanly are older than its end, so only their observations are kept then
         from ranktrace.analyzers.readers import ranktrace_samples
@@ -266,8 +327,8 @@ def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], 
         results.extend(got)
         skipped.extend(problems)
     for sub in ("dumps", "nccl", "logs"):
-        if (hd / sub).is_dir():
-            files.extend(_walk(hd / sub))
+        if _isdir(hd / sub):
+            files.extend(_walk(hd / sub, skipped))
     _read_host_nsys(hd, results, skipped)
     out_log = hd / "output.log"
     if out_log.is_file() and out_log.stat().st_size:  # the job's own output, kept by trace run (server-log phases)
@@ -296,6 +357,93 @@ def _read_host_nsys(hd: Path, results: list[ReadResult], skipped: list[Skipped])
                 table = table.set_column(i, "host", pa.repeat(pa.scalar(hd.name, pa.string()), table.num_rows))
                 res = dataclasses.replace(res, **{name: table})
         results.append(res)
+
+
+def _glob(d: Path, pattern: str, skipped: list[Skipped]) -> list[Path]:
+    if not _exists(d):
+        return []
+    try:
+        return [d / n for n in os.listdir(d) if Path(n).match(pattern)]
+    except OSError as e:
+        skipped.append(Skipped(str(d), None, f"cannot read folder: {e.strerror or e}"))
+        return []
+
+
+def _is(kind: Any) -> Any:
+    return lambda v: isinstance(v, kind) and not (kind is int and isinstance(v, bool))
+
+
+_INT, _STR, _BOOL = _is(int), _is(str), _is(bool)
+
+
+def _opt(check: Any) -> Any:
+    return lambda v: v is None or check(v)
+
+
+def _list_of(check: Any) -> Any:
+    return lambda v: isinstance(v, list) and all(check(x) for x in v)
+
+
+def _dict_of(check: Any) -> Any:
+    return lambda v: isinstance(v, dict) and all(isinstance(k, str) and check(x) for k, x in v.items())
+
+
+_SCALAR = lambda v: v is None or isinstance(v, (str, int, float, bool))  # noqa: E731
+# What the analysis reads of meta.json, and the type it must have; other keys are kept as they are.
+_META_TYPES: dict[str, Any] = {
+    "run": _STR, "host": _STR, "hostname": _STR, "cwd": _STR, "command": _list_of(_STR),
+    "env": _dict_of(_STR), "env_added": _dict_of(_STR), "versions": _dict_of(_SCALAR),
+    "gpus": _list_of(lambda g: isinstance(g, dict)), "driver": _opt(_dict_of(_SCALAR)),
+    "start_wall_ns": _opt(_INT), "end_wall_ns": _opt(_INT), "launcher_pid": _opt(_INT), "attached": _BOOL,
+    "finalize_problems": _list_of(_STR), "hook_problems": _list_of(lambda h: isinstance(h, dict)),
+    "launcher_lost": _opt(lambda v: isinstance(v, dict)),
+}
+_EXIT_TYPES: dict[str, Any] = {"returncode": _opt(_INT), "exit_code": _opt(_INT), "signal": _opt(_INT),
+                               "signals_forwarded": _list_of(_INT), "killed_on_hang": _BOOL,
+                               "interrupted": _BOOL}
+_PID_TYPES: dict[str, Any] = {"rank": _opt(_INT), "world": _opt(_INT), "local_rank": _opt(_INT), "ppid": _opt(_INT),
+                              "argv": _opt(_list_of(_STR)), "ring": _opt(_STR), "ops": _opt(_INT),
+                              "exit_code": _opt(_INT), "signal": _opt(_INT)}
+
+
+def checked_meta(meta: dict[str, Any], name: str, skipped: list[Skipped]) -> dict[str, Any]:
+    """meta.json with every field the analysis reads of the type it expects: a field damaged (by hand, a tool, a
+    disk) is dropped with one Skipped naming it, so no reader of meta.json meets a list where it wants a dict."""
+    bad: list[str] = []
+    out: dict[str, Any] = {}
+    for key, value in meta.items():
+        check = _META_TYPES.get(key)
+        if check is not None and not check(value):
+            bad.append(key)
+            continue
+        out[key] = value
+    exit_info = meta.get("exit")
+    if isinstance(exit_info, dict):
+        fixed = {k: v for k, v in exit_info.items() if k not in _EXIT_TYPES or _EXIT_TYPES[k](v)}
+        bad.extend(f"exit.{k}" for k in exit_info if k not in fixed)
+        if exit_info and not any(fixed.get(k) is not None for k in ("returncode", "exit_code", "signal")):
+            bad.append("exit")   # no status left in it: the job's fate is unknown, not "ended"
+            fixed = {}
+        out["exit"] = fixed or None
+    elif exit_info is not None:
+        bad.append("exit")
+        out["exit"] = None
+    pids = meta.get("pids")
+    if pids is not None:
+        good: dict[str, Any] = {}
+        for pid, info in (pids.items() if isinstance(pids, dict) else ()):
+            if not (isinstance(pid, str) and pid.isdigit() and isinstance(info, dict)):
+                bad.append(f"pids.{str(pid)[:20]}")
+                continue
+            good[pid] = {k: v for k, v in info.items() if k not in _PID_TYPES or _PID_TYPES[k](v)}
+            bad.extend(f"pids.{pid}.{k}" for k in info if k not in good[pid])
+        if not isinstance(pids, dict):
+            bad.append("pids")
+        out["pids"] = good
+    if bad:
+        shown = ", ".join(sorted(set(bad))[:8]) + (" ..." if len(set(bad)) > 8 else "")
+        skipped.append(Skipped(name, None, f"damaged meta.json fields not used: {shown}"))
+    return out
 
 
 def _fill_ranks(inputs: Inputs) -> None:

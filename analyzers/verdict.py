@@ -14,7 +14,7 @@ __all__ = ["SCHEMA", "STATUSES", "KINDS", "Evidence", "Finding", "Operation", "W
            "compact_ranks", "operation_text"]
 
 SCHEMA = "ranktrace.verdict/1"
-STATUSES = ("hang", "completed", "crashed", "idle", "inconclusive")
+STATUSES = ("hang", "completed", "crashed", "idle", "inconclusive", "interrupted")
 KINDS = ("missing_ranks", "collective_mismatch", "stuck_in_collective", "graph_capture", "init_hang", "rank_exited",
          "blocked_outside_collective", "wait_cycle", "no_hang", "unknown")
 
@@ -107,6 +107,7 @@ class RankState:
     phase_detail: str | None = None   # the instance of its phase (bs=64)
     phase_seconds: float | None = None  # how long it has been in that phase (or took, when none is open)
     roles: str | None = None  # what the framework calls this process: "DP1 TP3 EP3" (DP replica, attention TP, ...)
+    exit: str | None = None   # how its process ended ("exit code 7"; "no exit record: ..."), once it did
 
 
 @dataclass(frozen=True)

@@ -71,9 +71,9 @@ def test_broadcast_vs_all_reduce_at_the_same_seq(verdicts):
 
 def test_recv_recv_deadlock_names_the_pair(verdicts):
     v, _ = verdicts["recv-deadlock"]
-    assert brief(v)[:4] == ("crashed", "missing_ranks", "recv", 1)
+    assert brief(v)[:4] == ("crashed", "wait_cycle", "recv", 1)  # the cycle itself is the finding (DESIGN §5)
     assert v["culprit_ranks"] == [0, 1] and v["waiting_ranks"] == [2, 3]
-    assert all(f["confidence"] <= 0.5 for f in v["findings"] if f["kind"] == "missing_ranks")  # a tie
+    assert all(f["confidence"] <= 0.5 for f in v["findings"] if f["kind"] == "wait_cycle")  # a tie
 
 
 def test_rank_never_calls_init_process_group(verdicts):

@@ -147,7 +147,7 @@ def test_a_crash_with_nothing_pending_and_a_run_killed_midway_are_not_called_han
     res = run_trace(["analyze", "--json", str(killed)])
     v = json.loads(res.stdout)
     assert (v["status"], v["kind"], res.returncode) == ("inconclusive", "unknown", 4), res.stderr[-2000:]
-    assert "no exit status and none of its processes is alive" in v["summary"]
+    assert "trace is incomplete" in v["summary"]  # the guardian ended the job (or nothing is alive): a cut trace
 
 
 def test_missing_command_is_one_line_and_exit_2(tmp_path: Path):
@@ -194,9 +194,9 @@ def test_tracer_failure_in_a_rank_is_one_line_and_never_the_jobs(tmp_path: Path)
     assert res.stderr.count("[ranktrace]") == 1 and "tracing off" in res.stderr
 
 
-def test_rings_readable_while_hung_then_ctrl_c_leaves_no_orphans(tmp_path: Path):
-    """A live hung job: the rings show ranks 0-2 inside all_reduce; analyze names rank 3 with its stack;
-    SIGINT to trace run (Ctrl-C) ends everything."""
+def test_rings_readable_while_hung(tmp_path: Path):
+    """A live hung job: the rings show ranks 0-2 inside all_reduce; analyze names rank 3 with its stack. (Ctrl-C at
+    the terminal during a hang: tests/test_launch_safety.py, under a pty, as a person types it.)"""
     from ranktrace.analyzers.readers import ranktrace_ring
     from ranktrace.analyzers.readers.base import ReaderError
 
@@ -242,14 +242,6 @@ def test_rings_readable_while_hung_then_ctrl_c_leaves_no_orphans(tmp_path: Path)
         stacks = [e for f in v["findings"] for e in f["evidence"] if e["source"] == "pyspy" and e["rank"] == 3]
         assert stacks and "next_batch" in stacks[0]["detail"]  # the culprit's own stack, taken live
         assert v["ranks"]["3"]["state"] == "blocked_other" and v["ranks"]["0"]["state"] == "in_collective"
-        pids = [int(p.stem) for p in (hd / "rings").glob("*.ring")]
-        proc.send_signal(__import__("signal").SIGINT)
-        proc.wait(timeout=30)
-        time.sleep(0.5)
-        alive = [p for p in pids if os.path.exists(f"/proc/{p}") and
-                 open(f"/proc/{p}/stat").read().split(") ")[1][0] != "Z"]
-        assert alive == []
-        assert proc.returncode != 0
     finally:
         from ranktrace.tracer.launch.attach import descendants
 

@@ -4,7 +4,6 @@ monitor, finalize, the analyzers' ring reader), kept apart from the layout so a 
 from __future__ import annotations
 
 import json
-import mmap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,33 +70,37 @@ def _cstr(b: bytes) -> str:
     return b.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
+MAX_RING_BYTES = 1 << 30  # far above any ring trace run makes (9 MiB by default)
+
+
 def read_ring(path: str) -> RingContents:
     """Decode a ring file written by the in-rank Recorder (tracer/rank/recorder.py), live or after its process died.
 
     Raises RingError when the file is not a ring or is shorter than its header.
     """
+    # read(), never a mapping: a mapped hole of a sparse file on a full tmpfs faults with SIGBUS in the reader.
+    # Only what the header says the ring holds is read (a huge file named .ring costs no more than a ring).
     with open(path, "rb") as f:
-        try:
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError as e:  # empty file
-            raise RingError(f"{path}: empty file, not a ranktrace ring") from e
-    try:
-        if len(buf) < HEADER.size:
-            raise RingError(f"{path}: {len(buf)} bytes, shorter than a ring header")
-        magic, version, pid, mono0, wall0, meta_size, slot_size, slots, flags, host, title = HEADER.unpack_from(buf, 0)
-        if magic != MAGIC:
-            raise RingError(f"{path}: not a ranktrace ring (magic {magic!r})")
-        if version != VERSION:
-            raise RingError(f"{path}: ring version {version}, this reader knows {VERSION}")
-        rc = RingContents(path, pid, _cstr(host), _cstr(title), mono0, wall0, bool(flags & FLAG_META_FULL))
-        _read_meta(buf, meta_size, rc)
-        _read_slots(buf, META_OFFSET + meta_size, slot_size, slots, rc)
-        return rc
-    finally:
-        buf.close()
+        buf = f.read(HEADER.size)
+        if len(buf) == HEADER.size:
+            _m, _v, _p, _a, _b, meta_size, slot_size, slots = HEADER.unpack_from(buf, 0)[:8]
+            buf += f.read(min(MAX_RING_BYTES, META_OFFSET + meta_size + slots * slot_size) - len(buf))
+    if not buf:
+        raise RingError(f"{path}: empty file, not a ranktrace ring")
+    if len(buf) < HEADER.size:
+        raise RingError(f"{path}: {len(buf)} bytes, shorter than a ring header")
+    magic, version, pid, mono0, wall0, meta_size, slot_size, slots, flags, host, title = HEADER.unpack_from(buf, 0)
+    if magic != MAGIC:
+        raise RingError(f"{path}: not a ranktrace ring (magic {magic!r})")
+    if version != VERSION:
+        raise RingError(f"{path}: ring version {version}, this reader knows {VERSION}")
+    rc = RingContents(path, pid, _cstr(host), _cstr(title), mono0, wall0, bool(flags & FLAG_META_FULL))
+    _read_meta(buf, meta_size, rc)
+    _read_slots(buf, META_OFFSET + meta_size, slot_size, slots, rc)
+    return rc
 
 
-def _read_meta(buf: mmap.mmap, meta_size: int, rc: RingContents) -> None:
+def _read_meta(buf: bytes, meta_size: int, rc: RingContents) -> None:
     off, end = META_OFFSET, min(META_OFFSET + meta_size, len(buf))
     while off + META_REC.size <= end:
         length, commit = META_REC.unpack_from(buf, off)
@@ -135,7 +138,7 @@ def slot_dtype() -> "Any":
     return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": SLOT_SIZE})
 
 
-def _read_slots(buf: mmap.mmap, ops_offset: int, slot_size: int, slots: int, rc: RingContents) -> None:
+def _read_slots(buf: bytes, ops_offset: int, slot_size: int, slots: int, rc: RingContents) -> None:
     import numpy as np
 
     for m in rc.meta:

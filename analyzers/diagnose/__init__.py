@@ -43,10 +43,18 @@ def diagnose(ctx: Context) -> Verdict:
         primary = None  # a job that exited 0 did not hang; ops "in flight" at exit are NCCL/async bookkeeping
     if primary is not None and primary.kind == "blocked_outside_collective" and _serving(ctx):
         primary = None  # after "serving", a rank waiting for requests is idle, not hung
+    cut = _cut_finding(ctx, primary)
+    if cut is not None:
+        primary = None  # a trace cut by killing trace run shows what was open then, never that it hung
     findings: list[Finding] = [f for c in candidates for f in c.findings]
+    if cut is not None:
+        findings.insert(0, cut)
+    if job.traced and job.ended and job.interrupted:
+        findings.insert(0, _interrupt_finding(ctx))
     findings.extend(_input_findings(inputs))
     findings.extend(_unknown_findings(ctx))
     findings.extend(_job_state_findings(ctx))
+    findings.extend(_inferred_rank_findings(ctx))
     status = _status(ctx, primary)
     world = ctx.world
     unobserved = tuple(sorted(set(range(world)) - ctx.observed_ranks)) if world else ()
@@ -93,9 +101,13 @@ def _serving(ctx: Context) -> bool:
 
 def _status(ctx: Context, primary: Candidate | None) -> str:
     job = ctx.job
+    if job.traced and job.state in ("cut", "gone"):
+        return "inconclusive"
     if job.traced and job.ended:
         if job.killed_on_hang:
             return "hang" if primary is not None else "inconclusive"
+        if job.interrupted:
+            return "interrupted"  # a person's (or a scheduler's) SIGINT ended it: its own outcome, never a crash
         if job.exit_code == 0 and primary is None:
             return "completed"
         return "crashed" if (job.exit_code or job.signal) else ("hang" if primary else "completed")
@@ -157,6 +169,14 @@ def _no_primary(ctx: Context, status: str) -> tuple[str, str, list[str]]:
     job = ctx.job
     if status == "completed":
         return "no_hang", "The job completed: every collective that was issued completed.", []
+    if status == "interrupted":
+        return ("no_hang", "The job was interrupted (SIGINT) while nothing was pending: no hang was seen before it.",
+                [])
+    if job.traced and job.state == "cut":
+        return ("unknown", "The trace is incomplete: trace run was killed before the job ended, and its guardian "
+                "ended the job; calls open at that moment were cut off, not shown to hang.",
+                ["If the job was hung when trace run was killed, run it again under trace run (with --hang-after) or "
+                 "`trace attach PID` while it hangs."])
     if status == "idle":
         return "no_hang", "The job is serving and idle: ranks wait for requests, nothing is pending.", []
     if status == "crashed" and not job.traced:
@@ -203,9 +223,16 @@ def _rank_table(ctx: Context) -> dict[int, RankState]:
                 state = "unknown"
         st = ctx.stacks.get(r)
         cur = ctx.current.get(r)
+        ended = ctx.rank_exits.get(r)
+        if ended is not None:
+            state = "exited"  # its own process recorded its exit: no older sample or open call says otherwise
+        exit_text = ended
+        if exit_text is None and ctx.job.traced and (state == "exited" or ctx.job.ended):
+            exit_text = "no exit record: ended by a signal (its launcher tearing the job down, SIGKILL, a crash)"
         out[r] = RankState(
             state=state, phase=ctx.phases.get(r), phase_detail=cur.detail if cur else None,
             phase_seconds=round(cur.seconds, 3) if cur and cur.seconds is not None else None, roles=ctx.roles.get(r),
+            exit=exit_text,
             innermost_open=(f"{o.name}" + (f" group={o.group} seq={o.seq}" if o.seq is not None else "")) if o else None,
             stack=tuple(stacks_mod.normalise_frame(f) for f in (hoststate.without_tracer(st.frames)[:12] if st else ())),
             last_op=last_ops.get(r), pids=ctx.rank_pids.get(r, ()), where=_where(st),
@@ -244,6 +271,57 @@ def _unknown_findings(ctx: Context) -> list[Finding]:
             f"{o.name} seq {o.seq} ({ranks_text(waiters)} {'waits' if len(waiters) == 1 else 'wait'} in it) is unknown, "
             "so it is not blamed for it",
             (rank,), 0.5, tuple(op_evidence(x) for x in ops[:3])))
+    return out
+
+
+def _cut_finding(ctx: Context, primary: Candidate | None) -> Finding | None:
+    """trace run was killed (its guardian ended the job: state cut) or vanished with its job (gone): the rings stop
+    there, and what they show open was cut off, not hung. The finding names it, and what was open."""
+    job = ctx.job
+    if not job.traced or job.state not in ("cut", "gone"):
+        return None
+    when = ""
+    if job.lost_ns:
+        import datetime
+
+        when = " at " + datetime.datetime.fromtimestamp(job.lost_ns / 1e9).strftime("%H:%M:%S")
+    how = ("trace run was killed" + when + " before the job ended; its guardian ended the job"
+           if job.state == "cut" else "the run has no exit status and none of its processes is alive")
+    opened = ""
+    if primary is not None:
+        opened = f"; open at the cut (not shown to hang): {primary.summary}"
+    ev = tuple(Evidence("meta", str(h.host_dir / "meta.json"), None,
+                        "launcher_lost" if (h.meta or {}).get("launcher_lost") else "no exit status")
+               for h in ctx.inputs.hosts if not h.ended)[:3]
+    return Finding("trace_incomplete", f"the trace is incomplete: {how}{opened}",
+                   primary.culprits if primary is not None else (), 1.0, ev)
+
+
+def _interrupt_finding(ctx: Context) -> Finding:
+    import datetime
+
+    t = ctx.job.interrupted_ns or 0
+    at = datetime.datetime.fromtimestamp(t / 1e9).strftime("%H:%M:%S") if t else "?"
+    return Finding("interrupted", f"the job was interrupted: trace run received SIGINT (a Ctrl-C, or a scheduler) at "
+                   f"{at} and forwarded it; exits and errors after it are the interrupt's, not a crash", (), 1.0,
+                   tuple(Evidence("meta", str(h.host_dir / "meta.json"), None, "exit.interrupted")
+                         for h in ctx.inputs.hosts[:1]))
+
+
+def _inferred_rank_findings(ctx: Context) -> list[Finding]:
+    """`trace attach` read no RANK from some processes and numbered them by their order under one parent: every
+    claim about those ranks rests on that guess, so it is said."""
+    out = []
+    for h in ctx.inputs.hosts:
+        pids = (h.meta or {}).get("pids") or {}
+        guessed = sorted((info["rank"], int(pid)) for pid, info in pids.items()
+                         if info.get("rank") is not None and "inferred" in str(info.get("rank_from") or ""))
+        if guessed:
+            ranks = [r for r, _ in guessed]
+            out.append(Finding("ranks_inferred", f"{ranks_text(ranks)} were inferred from the order of their processes (none had RANK in its environment): "
+                               "check them against your launcher before acting on a rank number", tuple(ranks), 0.6,
+                               tuple(Evidence("meta", str(h.host_dir / "meta.json"), None,
+                                              f"pid {p} -> rank {r} (sibling order)", r) for r, p in guessed[:8])))
     return out
 
 

@@ -2,6 +2,7 @@
 files, environment or process table (which processes are alive comes in as ``model.Liveness``)."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,7 @@ class Context:
     current: dict[int, Any] = field(default_factory=dict)     # rank -> the PhaseEntry it is in now (or last)
     roles: dict[int, str] = field(default_factory=dict)       # rank -> "DP1 TP3 EP3"
     as_of_ns: int | None = None                               # when the evidence was looked at (open phases end here)
+    rank_exits: dict[int, str] = field(default_factory=dict)  # how a rank's process ended, when it recorded it
 
     def open_by_rank(self) -> dict[int, OpenSpan]:
         """Innermost (latest) open span per rank, preferring the rank's main process."""
@@ -139,7 +141,11 @@ def _job_status(inputs: Inputs, liveness: Liveness | None) -> JobStatus:
     known = all(pids is not None for pids in seen)
     live = sorted({p for pids in seen if pids for p in pids}) if not ended else []
     killed = any(c.get("killed_on_hang") for c in codes)
-    return JobStatus(True, ended, exit_code, sig, tuple(live), known, killed)
+    interrupted = min((c["interrupted_wall_ns"] for c in codes if c.get("interrupted")
+                       and isinstance(c.get("interrupted_wall_ns"), int)), default=None)
+    lost = [(h.meta or {}).get("launcher_lost") for h in inputs.hosts if not h.ended]
+    lost_ns = min((x.get("wall_ns") or 0 for x in lost if isinstance(x, dict)), default=None)
+    return JobStatus(True, ended, exit_code, sig, tuple(live), known, killed, interrupted, lost_ns)
 
 
 def _group_ranks(events: pa.Table) -> dict[str, tuple[int, ...]]:
@@ -244,7 +250,7 @@ def build_context(inputs: Inputs, liveness: Liveness | None) -> Context:
                 elif info.get("ppid"):
                     parents.add(int(info["ppid"]))
     unranked -= parents  # mp.spawn / torchrun parents are launchers, not ranks
-    stacks = hoststate.latest_stacks(inputs.stacks, _op_pids(events, rank_pids))
+    stacks = hoststate.latest_stacks(_current_stacks(inputs.stacks, events), _op_pids(events, rank_pids))
     host_states = {r: hoststate.classify(s.frames, s.thread_state) for r, s in stacks.items()}
     open_rows = timeline.open_enter_rows(events)
     as_of = _as_of_ns(inputs, liveness, events)
@@ -259,6 +265,7 @@ def build_context(inputs: Inputs, liveness: Liveness | None) -> Context:
         rank_pids={r: tuple(sorted(p)) for r, p in rank_pids.items()}, unranked_pids=tuple(sorted(unranked)),
         anon_stacks=hoststate.unranked_stacks(inputs.stacks) if not stacks else [],
         ledger=ledger, current=current, roles=_roles(events), as_of_ns=as_of,
+        rank_exits=_rank_exits(events, _op_pids(events, rank_pids)),
     )
 
 
@@ -280,3 +287,45 @@ def _roles(events: pa.Table) -> dict[int, str]:
     ids = events.filter(pc.equal(events["kind"], "identity"))
     return {r["rank"]: r["detail"] for r in ids.select(["rank", "detail"]).to_pylist()
             if r["rank"] is not None and r["detail"]}
+
+
+def _current_stacks(stacks: pa.Table, events: pa.Table) -> pa.Table:
+    """Stack samples that still say where a rank is: a sample taken before the rank's latest own record (an op,
+    a phase, its exit) is history (the watchdog samples ranks from start-up on: an importlib tree long gone), never
+    its state now. Dumps with no time are kept."""
+    if stacks.num_rows == 0 or events.num_rows == 0 or stacks["wall_ns"].null_count == stacks.num_rows:
+        return stacks
+    own = events.filter(pc.and_(pc.is_valid(events["rank"]), pc.is_valid(events["wall_ns"])))
+    if own.num_rows == 0:
+        return stacks
+    last = own.group_by(["rank"], use_threads=False).aggregate([("wall_ns", "max")])
+    latest = dict(zip(last["rank"].to_pylist(), last["wall_ns_max"].to_pylist()))
+    ranks, walls = stacks["rank"].to_pylist(), stacks["wall_ns"].to_pylist()
+    keep = [w is None or r is None or r not in latest or w >= latest[r] for r, w in zip(ranks, walls)]
+    return stacks if all(keep) else stacks.filter(pa.array(keep, pa.bool_()))
+
+
+_EXIT_CODE = re.compile(r"exit code (-?\d+)|os\._exit\((?:status=)?(-?\d+)")
+
+
+def _rank_exits(events: pa.Table, op_pid: dict[int, int]) -> dict[int, str]:
+    """rank -> how its process ended, from its ring's process_exit marks (an exit code when one was recorded);
+    a rank's helper processes (same RANK, no ops) do not speak for it."""
+    if events.num_rows == 0:
+        return {}
+    marks = events.filter(pc.and_(pc.equal(events["name"], "process_exit"), pc.is_valid(events["rank"])))
+    if marks.num_rows == 0:
+        return {}
+    issuers = events.filter(pc.and_(pc.is_valid(events["rank"]), pc.is_in(
+        events["category"], value_set=pa.array(["collective", "p2p", "init"]))))
+    own = {(r, p) for r, p in zip(issuers["rank"].to_pylist(), issuers["pid"].to_pylist())}
+    out: dict[int, tuple[int, str]] = {}
+    for r, p, d in zip(marks["rank"].to_pylist(), marks["pid"].to_pylist(), marks["detail"].to_pylist()):
+        if (r, p) not in own or (op_pid.get(r) is not None and op_pid[r] != p):
+            continue
+        m = _EXIT_CODE.search(d or "")
+        text = f"exit code {m.group(1) or m.group(2)}" if m else (d or "exited")
+        score = 2 if m else 1
+        if r not in out or score > out[r][0]:
+            out[r] = (score, text)
+    return {r: t for r, (_s, t) in out.items()}

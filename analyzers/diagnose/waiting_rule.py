@@ -15,7 +15,7 @@ __all__ = ["mismatch", "waiting", "stuck", "exit_marks"]
 TIMEOUT = re.compile(r"timed out|timeout|deadline exceeded", re.IGNORECASE)
 
 PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|remote process exited|Broken pipe|"
-                       r"peer .*(closed|exited|died)|ECONNRESET|socket closed", re.IGNORECASE)
+                       r"peer .{0,200}?(closed|exited|died)|ECONNRESET|socket closed", re.IGNORECASE)
 
 
 def mismatch(ctx: Context) -> list[Candidate]:
@@ -89,6 +89,9 @@ def waiting(ctx: Context) -> list[Candidate]:
     early_exit_ev: list[Evidence] = []
     marked = _exit_marks(ctx)
     first_error = _first_error_ns(ctx)
+    stop = ctx.job.interrupted_ns
+    if stop is not None:  # exits after the person's (or scheduler's) SIGINT are the interrupt's, not "left first"
+        marked = {r: m for r, m in marked.items() if (m["wall_ns"] or 0) < stop}
     # culprits whose process exited on its own before any waiter's call failed: they left, nobody timed out
     left = {r for r in culprit_set if r in marked and (first_error is None or (marked[r]["wall_ns"] or 0) < first_error)}
     if left:
@@ -136,6 +139,10 @@ def waiting(ctx: Context) -> list[Candidate]:
         exited |= culprit_set
         exit_ev.extend(early_exit_ev)
     kind = "rank_exited" if exited and exited >= culprit_set else "missing_ranks"
+    tied_cycle = into is internal and len(culprit_set) > 1 and confidence <= 0.5
+    if kind == "missing_ranks" and tied_cycle:
+        kind = "wait_cycle"  # they wait on each other and none departs from the rest: the cycle is the finding
+        cycle_notes = [n for n in cycle_notes if n.kind != "wait_cycle"]
     culprit_where = []
     from ranktrace.analyzers.diagnose.serving_rule import STEP_TEXT, open_step
 
@@ -145,7 +152,8 @@ def waiting(ctx: Context) -> list[Candidate]:
         step = open_step(ctx, r)
         inside = f" inside {STEP_TEXT.get(step.name, step.name)}" if step is not None else ""
         if r in exited:
-            culprit_where.append(f"{ranks_text([r])} exited")
+            how = ctx.rank_exits.get(r)
+            culprit_where.append(f"{ranks_text([r])} exited" + (f" ({how})" if how else ""))
         elif w:
             culprit_where.append(f"{ranks_text([r])} is{inside} in {w}" + (f" ({st})" if st else ""))
         elif inside:
@@ -266,6 +274,9 @@ def _exited(ctx: Context, culprits: set[int], into: list[waitfor.Edge]) -> tuple
     # A real hang ends in timeouts, and the ranks that time out first then exit, so the remaining waiters see
     # "connection closed" too: peer-gone errors prove an exit only when nobody timed out.
     timed_out = [o for o in ctx.graph.edges if o.op.errored and o.op.error and TIMEOUT.search(o.op.error)]
+    first_error = _first_error_ns(ctx)
+    if ctx.job.interrupted_ns is not None and (first_error is None or first_error >= ctx.job.interrupted_ns):
+        peer_errors = []  # the peer went away because it was interrupted, not on its own
     if peer_errors and not timed_out:
         gone |= culprits
         ev.extend(op_evidence(e.op) for e in peer_errors[:4])
@@ -289,6 +300,16 @@ def _steps(ctx: Context, kind: str, culprits: set[int], ref: waitfor.PendingOp) 
     if kind == "rank_exited":
         steps.append(f"Find why {rs} exited first: its stderr, exit code, OOM kills (dmesg), an exception before "
                      f"{ref.name} seq {ref.seq}.")
+    elif kind == "wait_cycle":
+        if ref.category == "p2p":
+            steps.append(f"{rs} each wait in {ref.name} for the other: a send/recv ordering deadlock (both receive "
+                         f"before either sends, or both send blocking into each other). Order the pair (one side "
+                         f"sends first), or post both directions at once with isend/irecv or batch_isend_irecv.")
+        else:
+            steps.append(f"{rs} wait on each other on different groups: two communicators taken in opposite order. "
+                         f"Make every rank issue its collectives on each group in the same order.")
+        if ref.callsite:
+            steps.append(f"The {ref.name} that closes the cycle is issued from {ref.callsite}.")
     else:
         w = [where(ctx.stacks.get(r)) for r in sorted(culprits)]
         if any(w):

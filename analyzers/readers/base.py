@@ -15,7 +15,7 @@ import pyarrow as pa
 from ranktrace.analyzers import schema
 
 __all__ = ["Skipped", "ReadResult", "ReaderError", "ColumnMap", "empty_result", "read_file_bytes", "has_nul_bytes",
-           "binary_or_json", "json_array_items", "empty_file", "decode_text"]
+           "binary_content", "without_nuls", "binary_or_json", "json_array_items", "empty_file", "decode_text"]
 
 
 @dataclass(frozen=True)
@@ -80,22 +80,49 @@ def empty_file(path: str | Path, fmt: str, reason: str = "empty file") -> ReadRe
 
 
 def decode_text(path: str | Path, data: bytes, not_what: str) -> str:
-    """Text of a dump; NUL bytes near the start mean a binary file (a core, a pickle): ReaderError ``not_what``."""
-    if b"\x00" in data[:4096]:
+    """Text of a dump with its NUL runs dropped (holes a crash or copytruncate leave in a log); a binary file (a
+    core, a pickle: control bytes once the NULs are set aside) is ReaderError ``not_what``."""
+    if binary_content(data[:65536]):
         raise ReaderError(path, not_what)
-    return data.decode("utf-8", errors="replace")
+    return without_nuls(data)[0].decode("utf-8", errors="replace")
+
+
+def without_nuls(data: bytes) -> tuple[bytes, int]:
+    """(`data` without its NUL bytes, how many there were): a NUL never belongs to a text or JSON format."""
+    n = data.count(b"\x00")
+    return (data.replace(b"\x00", b""), n) if n else (data, 0)
+
+
+_NUL_RUN = re.compile(rb"\x00{8,}")
+
+
+def binary_content(data: bytes) -> bool:
+    """Binary, not text: NUL bytes scattered among the others (a struct, UTF-16, a pickle), mostly control bytes,
+    or nothing but NULs. A *run* of NULs is a hole in a text file (a node crash, the front of a copytruncate'd
+    log) and never makes it binary."""
+    if not data:
+        return False
+    sample = _NUL_RUN.sub(b"", data[:65536])
+    if not sample:
+        return True
+    if b"\x00" in sample or sample[:1] == b"\x80":
+        return True
+    sample = sample[:8192]
+    ctrl = sum(sample.count(bytes([c])) for c in range(1, 32) if c not in (9, 10, 12, 13, 27))
+    return ctrl > 0.1 * len(sample)
 
 
 def has_nul_bytes(data: bytes) -> bool:
-    """A NUL in the first 64 KiB: a binary file (or a log with a sparse hole up front), never one of the text
-    formats whose sniffers ask."""
-    return b"\x00" in data[:65536]
+    """Binary content (``binary_content``), kept under its old name for callers outside the readers; NUL runs in
+    text do not count."""
+    return binary_content(data)
 
 
 def binary_or_json(head: bytes) -> bool:
-    """Pickles, NUL bytes and JSON documents: never one of the text dump formats (a ``[rank0]:`` prefix is fine)."""
-    h = head.lstrip()
-    return h[:1] in (b"{", b"\x80") or b"\x00" in head or re.match(rb"\[\s*[{\]]", h) is not None
+    """Pickles, binary data and JSON documents: never one of the text dump formats (a ``[rank0]:`` prefix is fine;
+    NUL runs are holes, not binary)."""
+    h = without_nuls(head)[0].lstrip()
+    return h[:1] in (b"{", b"\x80") or binary_content(head) or re.match(rb"\[\s*[{\]]", h) is not None
 
 
 def json_array_items(text: str, pos: int) -> list[Any]:

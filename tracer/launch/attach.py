@@ -82,6 +82,24 @@ def rank_of(pid: int) -> tuple[int | None, int | None]:
     return None, None
 
 
+# multiprocessing's own service processes: children of the main process like the ranks, never ranks themselves
+_MP_HELPERS = (b"multiprocessing.resource_tracker", b"multiprocessing.forkserver", b"multiprocessing.semaphore_tracker")
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def mp_helper(pid: int) -> bool:
+    """A resource tracker / forkserver of multiprocessing (torch.multiprocessing starts one beside mp.spawn's ranks)."""
+    cmd = _cmdline(pid)
+    return any(h in cmd for h in _MP_HELPERS)
+
+
 def _is_python(pid: int) -> bool:
     try:
         exe = os.readlink(f"/proc/{pid}/exe")
@@ -100,25 +118,33 @@ def attach(pids: list[int], out_base: Path = Path("traces")) -> AttachResult:
         n += 1
         run_dir = out_base / f"{stamp}-attach-{n}"
     host_dir = run_dir / hostinfo.host_key()
-    host_dir.mkdir(parents=True)
+    run_dir.mkdir(parents=True)
+    os.chmod(run_dir, 0o700)  # the job's stacks and command lines: its owner's alone
+    host_dir.mkdir()
     info: dict[int, dict[str, object]] = {}
     parent = _ppid_map()
+    helpers = {p for p in procs if mp_helper(p)}
     for p in procs:
-        rank, world = rank_of(p)
+        rank, world = (None, None) if p in helpers else rank_of(p)
         info[p] = {"rank": rank, "world": world, "ppid": parent.get(p), "rank_from": "environ" if rank is not None
                    else None}
+        if p in helpers:
+            info[p]["role"] = "multiprocessing helper"
     # Leaves without a RANK in their environment (mp.spawn children): rank = order among siblings, flagged
-    leaves = [p for p in procs if not any(parent.get(q) == p for q in procs)]
+    leaves = [p for p in procs if p not in helpers and not any(parent.get(q) == p for q in procs)]
     by_parent: dict[int | None, list[int]] = {}
     for p in leaves:
         if info[p]["rank"] is None:
             by_parent.setdefault(parent.get(p), []).append(p)
-    for sibs in by_parent.values():
+    notes = []
+    for parent_pid, sibs in by_parent.items():
         if len(sibs) > 1:
             for i, p in enumerate(sorted(sibs)):
                 info[p].update(rank=i, world=len(sibs), rank_from="sibling order (inferred)")
+            notes.append(f"ranks 0-{len(sibs) - 1} inferred from the order of pid {parent_pid}'s children (pids "
+                         f"{', '.join(map(str, sorted(sibs)))}): none has RANK in its environment")
     m = meta.initial_meta(["trace", "attach", *map(str, pids)], {}, {}, host_dir.name, run_dir.name)
     m.update(attached=True, pids={str(p): v for p, v in info.items()})
     meta.write_meta(host_dir, m)
     res = burst.capture_burst(host_dir, procs, reason="trace attach")
-    return AttachResult(run_dir, host_dir, info, res.problems)
+    return AttachResult(run_dir, host_dir, info, notes + list(res.problems))

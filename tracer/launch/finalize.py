@@ -1,10 +1,11 @@
 """When the job ends: rings -> events.arrow, and the facts only the rings know (pid -> rank, versions) -> meta.json.
 
-Rings are kept (they are sparse files, and the raw record is the evidence); events.arrow is the analysis-ready
+Rings are kept (the raw record is the evidence); events.arrow is the analysis-ready
 copy. Finalizing is idempotent and never deletes anything the job or the user wrote.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,12 @@ def write_events(path: Path, table: pa.Table) -> None:
     """Arrow IPC *file* with the schema version in its metadata (self-describing)."""
     table = table.replace_schema_metadata({"schema": EVENTS_SCHEMA_VERSION})
     tmp = path.with_name(path.name + ".tmp")
-    with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table, max_chunksize=1 << 16)
+    try:
+        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table, max_chunksize=1 << 16)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk: no half file left to hold its space (the rings stay the record)
+        raise
     tmp.replace(path)
 
 
@@ -54,6 +59,33 @@ def seal_samples(host_dir: Path) -> list[str]:
         except (pa.ArrowInvalid, OSError) as e:
             problems.append(f"{stream.name} kept as a stream: {e}")
     return problems
+
+
+def remove_stale_sockets(host_dir: Path) -> int:
+    """Remove the agent sockets of processes that are gone (a forked child ends with os._exit, a killed one with
+    nothing: neither removes its own); a process still alive (a daemon the job left running) keeps its socket."""
+    removed = 0
+    try:
+        names = os.listdir(host_dir / "agents")
+    except OSError:
+        return 0
+    for name in names:
+        head = name.split(".")[0]
+        if not (name.endswith(".sock") and head.isdigit()):
+            continue
+        try:
+            os.kill(int(head), 0)
+            continue  # alive (or not ours to signal): keep
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        try:
+            os.unlink(host_dir / "agents" / name)
+            removed += 1
+        except OSError:
+            pass
+    return removed
 
 
 def finalize_host_dir(host_dir: Path) -> dict[str, Any]:
@@ -92,5 +124,6 @@ def finalize_host_dir(host_dir: Path) -> dict[str, Any]:
             problems.append(f"{rel}: {rc.torn_meta} torn meta record(s)")
     write_events(host_dir / "events.arrow", schema.concat(schema.EVENTS, tables))
     problems.extend(seal_samples(host_dir))
+    remove_stale_sockets(host_dir)
     return {"pids": pids, "versions": versions, "problems": problems,
             "hook_problems": [dict(v, ranks=sorted(v["ranks"]), pids=sorted(v["pids"])) for v in hook_problems.values()]}

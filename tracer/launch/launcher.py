@@ -3,9 +3,13 @@
 What it guarantees (issue #2, DESIGN §1):
 * the command runs in a new process group (not a new session: it keeps the terminal), with PYTHONPATH and
   observability variables from ranktrace.tracer.launch.envplan;
-* SIGINT / SIGTERM / SIGHUP reaching ``trace`` are forwarded to the job's process group;
-* ``trace`` is a child subreaper and its child gets a parent-death signal, so orphaned ranks are re-parented to us
-  and nothing outlives the run: leftovers are terminated when the command exits;
+* a signal reaching ``trace`` reaches the process the user started, exactly once (``_route``): keyboard and terminal
+  signals (Ctrl-C, Ctrl-\\, hangup, resize) while ``trace`` holds the terminal go to the job's process group, as the
+  terminal would have sent them; any other is sent to the started process unless the guardian (launch/guardian.py)
+  saw the sender reach the job itself (a scheduler signalling every process);
+* its child gets SIGTERM as parent-death signal, and the guardian ends the rest of the job if ``trace`` is killed;
+  nothing else is ended for the job: what it leaves behind on purpose (daemons, new sessions, a background writer)
+  lives on as without ranktrace; only ``--on-hang kill`` ends the job's processes (``_end_job``);
 * the exit status is the command's own (128+N when signal N ended it), with one stderr line saying so;
 * a missing command, an unwritable or full output directory are refused *before* anything starts (exit 2) and
   leave no half-made trace directory.
@@ -18,6 +22,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -33,6 +38,7 @@ from ranktrace.tracer.launch import nsys
 from ranktrace.tracer.launch import output_log
 from ranktrace.tracer.launch import profiles
 from ranktrace.tracer.launch import sysfacts
+from ranktrace.tracer.launch.guardian import Guardian, job_processes
 from ranktrace.tracer.watch.monitor import Monitor, MonitorOptions
 from ranktrace.tracer.watch.presenter import Presenter
 from ranktrace.tracer.watch.statusline import StatusLine
@@ -41,11 +47,13 @@ from ranktrace.tracer.launch.terminal import JobTerminal, controlling_tty
 __all__ = ["RunOptions", "LaunchError", "RunOutcome", "prepare_run_dir", "launch", "exit_code_of", "describe_exit"]
 
 PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
 MIN_FREE_BYTES = 64 << 20
-# Signals meant for the job (Slurm sends USR1/USR2 before preemption; QUIT asks for a dump) go to its group.
+# Signals meant for the job (Slurm sends USR1/USR2 before preemption; QUIT asks for a dump), forwarded by _route.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT,
              signal.SIGALRM, signal.SIGWINCH, signal.SIGCONT)
+# What a terminal sends to its whole foreground process group (the keyboard's Ctrl-C / Ctrl-\, a hangup, a resize)
+TERMINAL_SIGNALS = frozenset({signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGWINCH})
+WITNESS_WINDOW_S = 0.15   # how long a forwarded signal waits for the guardian to say the job got it already
 
 
 class LaunchError(Exception):
@@ -113,7 +121,10 @@ def prepare_run_dir(opts: RunOptions) -> tuple[Path, Path]:
     """Create ``<run>/<host>/`` (never reusing a non-empty run dir). Raises LaunchError before anything exists."""
     if opts.out is not None:
         run_dir = opts.out
-        if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        if run_dir.exists() and not run_dir.is_dir():
+            raise LaunchError(f"output directory {run_dir} is a file, not a directory: give -o a new or empty "
+                              "directory (ranktrace never overwrites anything)")
+        if run_dir.exists() and any(run_dir.iterdir()):
             raise LaunchError(f"output directory {run_dir} exists and is not empty; ranktrace never overwrites a trace")
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -134,6 +145,7 @@ def prepare_run_dir(opts: RunOptions) -> tuple[Path, Path]:
     created = not run_dir.exists()
     try:
         host_dir = run_dir / hostinfo.host_key()
+        owner_only_dir(run_dir)  # stacks, command lines, rings: the run folder is its owner's alone
         for sub in ("rings", "nccl"):
             (host_dir / sub).mkdir(parents=True, exist_ok=True)
         probe = host_dir / ".write-probe"
@@ -144,6 +156,13 @@ def prepare_run_dir(opts: RunOptions) -> tuple[Path, Path]:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise LaunchError(f"output directory {run_dir}: {e.strerror or e}") from e
     return run_dir, host_dir
+
+
+def owner_only_dir(path: Path) -> None:
+    """Make `path` (and its missing parents) and chmod it 0700: whatever lands inside (rings, dumps, meta.json,
+    the verdict) is readable by its owner alone, at any umask. The parents keep their usual mode."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
 
 
 def exit_code_of(returncode: int) -> int:
@@ -159,23 +178,6 @@ def describe_exit(returncode: int) -> str:
             sig = f"signal {-returncode}"
         return f"job ended by {sig}; exit code {128 - returncode} (128+{-returncode}) is the job's"
     return f"job exited with status {returncode}; exit code {returncode} is the job's"
-
-
-def _children_of(pid: int) -> list[int]:
-    """Processes whose parent is `pid` (re-parented orphans included: we are their subreaper)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-            ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
-        except (OSError, ValueError):
-            continue
-        if ppid == pid:
-            out.append(int(entry))
-    return out
 
 
 def _fastpath_problem() -> str | None:
@@ -214,14 +216,17 @@ def launch(
     ns, command = nsys.start(host_dir, opts.command, opts.nsys_args, log) if opts.nsys else (None, opts.command)
     output = output_log.OutputLog(host_dir, log)  # the job's output also kept in <host>/output.log, where harmless
     proc = _start(command, plan.env, **output.popen_kwargs())
+    guardian = Guardian.start(proc.pid, host_dir, command, log)
     output.start(proc)
     job = _Job(proc.pid, _start_monitor(run_dir, host_dir, monitor_opts, log, show, presenter), status, log)
+    job.guardian, job.host_dir = guardian, host_dir
     if job.mon is not None:
         job.mon.job_pgid = proc.pid  # its descendants' CPU (a JIT build's compiler) is the job's progress
     if ns is not None and job.mon is not None:   # nsys stops and writes its report before the verdict and the kill
         job.mon.hang_captures.append(ns.capture)
     returncode, gpu = _supervise(job, proc, tick_s)
     output.close()
+    fresh_line(sys.stderr)  # the job's last stderr line may lack its newline: ours start on a line of their own
     if ns is not None:
         ns.finish()
     machine.join()
@@ -249,11 +254,9 @@ def _prepare(opts: RunOptions) -> tuple[Path, Path, envplan.EnvPlan]:
 
 
 def _start(command: Sequence[str], env: dict[str, str], **popen: object) -> subprocess.Popen[bytes]:
-    """Start the job in its own process group, with SIGTERM as its parent-death signal; we become a child
-    subreaper first, so its orphaned processes are re-parented to us."""
+    """Start the job in its own process group, with SIGTERM as its parent-death signal. Not a child subreaper: the
+    job's orphans are re-parented as they would be without ranktrace (a daemon's getppid() is not ours)."""
     libc = _libc()
-    if libc is not None:
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
     def in_child() -> None:  # between fork and exec: own process group, die with us
         os.setpgid(0, 0)
@@ -290,6 +293,11 @@ class _Job:
         self.pending_interrupt: list[int] = []   # a first Ctrl-C held back until the capture is done
         self.killed: list[float] = []            # when --on-hang kill sent SIGTERM, then SIGKILL
         self.term: JobTerminal | None = None
+        self.guardian: Guardian | None = None
+        self.host_dir: Path | None = None
+        self.started_s = _boot_s()
+        self.pending: list[tuple[int, int]] = []   # (signal, CLOCK_MONOTONIC ns) waiting for the guardian's word
+        self.interrupted_ns: int | None = None     # wall clock of the first SIGINT (a person's Ctrl-C, a scheduler)
 
     @property
     def hang_detected(self) -> bool:
@@ -303,12 +311,43 @@ class _Job:
 
     def forward(self, signum: int, _frame: object) -> None:
         self.received.append(signum)
+        if signum == signal.SIGINT and self.interrupted_ns is None:
+            self.interrupted_ns = time.time_ns()
         # First Ctrl-C while the job is silent: capture first (<= 3 s), then forward; a second one goes at once.
         if (signum == signal.SIGINT and self.mon is not None and not self.pending_interrupt
                 and self.received.count(signal.SIGINT) == 1 and self.mon.silent_for() >= 3.0):
             self.pending_interrupt.append(signum)
             return
-        self.send(signum)
+        self._route(signum, time.monotonic_ns())
+
+    def _route(self, signum: int, t_ns: int) -> None:
+        """Where a signal `trace run` received goes, exactly once (module docstring)."""
+        if signum in TERMINAL_SIGNALS and _holds_terminal():
+            self.send(signum)  # the keyboard / terminal would have reached every process of the foreground job
+        elif signum == signal.SIGCONT and _holds_terminal():
+            pass  # job control (fg / bg): JobTerminal continues the job's group itself
+        else:
+            self.pending.append((signum, t_ns))
+            self.deliver_pending()
+
+    def deliver_pending(self, final: bool = False) -> None:
+        """Send each pending signal to the started process, unless the guardian saw the same signal reach the job
+        (then the sender signalled the job itself). A signal waits at most WITNESS_WINDOW_S for that word."""
+        now = time.monotonic_ns()
+        window = int(WITNESS_WINDOW_S * 1e9)
+        keep = []
+        for signum, t in self.pending:
+            g = self.guardian
+            if g is not None and g.alive and g.witnessed(signum, t, window):
+                continue
+            if g is None or not g.alive or final or now - t >= window:
+                try:
+                    os.kill(self.pgid, signum)  # the process the user started (its pid is the group's id)
+                except ProcessLookupError:
+                    pass
+                continue
+            keep.append((signum, t))
+        self.pending = keep
 
     def first_handover(self) -> None:
         self.status.enabled = False
@@ -321,6 +360,8 @@ class _Job:
         self.on_tick()
 
     def on_tick(self) -> None:
+        if self.pending:
+            self.deliver_pending()
         if self.pending_interrupt:
             self._interrupt()
             return
@@ -349,17 +390,31 @@ class _Job:
             except Exception as e:
                 self.log(f"capture failed: {type(e).__name__}: {e}")
         self.pending_interrupt.clear()
-        self.send(signal.SIGINT)
+        self._route(signal.SIGINT, time.monotonic_ns())
 
     def _kill_if_asked(self, mon: Monitor) -> None:
         if mon.kill_requested and not self.killed:
             self.killed.append(time.monotonic())
             self.log("--on-hang kill: terminating the job")
-            self.send(signal.SIGTERM)
+            self.end_job(signal.SIGTERM)
         elif self.killed and len(self.killed) == 1 and time.monotonic() - self.killed[0] > 5.0:
             self.killed.append(time.monotonic())
             self.log("the job ignored SIGTERM for 5 s: SIGKILL")
-            self.send(signal.SIGKILL)
+            self.end_job(signal.SIGKILL)
+
+    def job_pids(self) -> list[int]:
+        """The job's live processes: its process group and every process of this run that wrote a ring (torchrun
+        workers run in sessions of their own). The guardian is ours, not the job's."""
+        ours = {self.guardian.proc.pid} if self.guardian is not None else set()
+        return [p for p in job_processes(self.pgid, self.host_dir, self.started_s) if p not in ours]
+
+    def end_job(self, sig: int) -> None:
+        """--on-hang kill: `sig` to every process of the job (never to what it is not: see job_pids)."""
+        for pid in self.job_pids():
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def close_monitor(self) -> None:
         m, self.mon = self.mon, None
@@ -398,16 +453,20 @@ class _GpuFacts:
 
 
 def _supervise(job: _Job, proc: subprocess.Popen[bytes], tick_s: float) -> tuple[int, _GpuFacts]:
-    """Forward signals, tick the watchdog and hand the terminal over until the job exits; then terminate what it
-    left behind and put the terminal, the signal handlers and the monitor back. Returns its returncode."""
+    """Forward signals, tick the watchdog and hand the terminal over until the job exits; then (after --on-hang kill
+    only) end the rest of the job, let the guardian go, and put the terminal, the signal handlers and the monitor
+    back. What the job left behind on purpose is not touched. Returns its returncode."""
     previous = {s: signal.signal(s, job.forward) for s in FORWARDED}
     gpu = _GpuFacts(job.started)
     job.term = JobTerminal(controlling_tty(), job.pgid, job.send, job.log, job.first_handover)
     try:
         returncode = _wait(proc.pid, job.ticked, tick_s, job.term.on_stop)
         proc.returncode = returncode
-        _reap_leftovers(job.pgid)
+        if job.killed:
+            _end_leftovers(job)   # --on-hang kill ends the whole job, not only the process that exited
     finally:
+        if job.guardian is not None:
+            job.guardian.close()
         job.term.restore()  # the terminal and our modes are ours again, for the report and the shell after us
         for s, h in previous.items():
             signal.signal(s, h)
@@ -426,7 +485,8 @@ def _record_exit(host_dir: Path, returncode: int, job: _Job, gpu: hostinfo.GpuIn
             end_wall_ns=time.time_ns(),
             exit={"returncode": returncode, "exit_code": exit_code_of(returncode),
                   "signal": -returncode if returncode < 0 else None, "signals_forwarded": job.received,
-                  "killed_on_hang": bool(job.killed)},
+                  "killed_on_hang": bool(job.killed), "interrupted": job.interrupted_ns is not None,
+                  "interrupted_wall_ns": job.interrupted_ns},
             gpus=gpu.gpus if gpu else [],
             driver={"version": gpu.driver, "cuda": gpu.cuda_driver} if gpu else None,
         )
@@ -451,71 +511,71 @@ def _gpu_info_from(mon: Monitor, log: Callable[[str], None]) -> hostinfo.GpuInfo
 
 def _wait(pid: int, on_tick: Callable[[], None], tick_s: float,
           on_stop: Callable[[int], None] = lambda sig: None) -> int:
-    """Reap every child (we are a subreaper) until `pid` exits; call on_tick between polls, and on_stop(signal)
-    when `pid` was stopped (waitid with WSTOPPED only: it never consumes an exit)."""
+    """Wait until `pid` exits; call on_tick between polls, and on_stop(signal) when `pid` was stopped (waitid with
+    WSTOPPED only: it never consumes an exit)."""
     while True:
         try:
-            got, status = os.waitpid(-1, os.WNOHANG)
+            got, status = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             raise RuntimeError("job process vanished without an exit status") from None
         if got == pid:
             return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-        if got == 0:
-            try:
-                stop = os.waitid(os.P_PID, pid, os.WSTOPPED | os.WNOHANG)
-            except ChildProcessError:
-                stop = None
-            if stop is not None and stop.si_code == os.CLD_STOPPED:
-                on_stop(stop.si_status)
-            on_tick()
-            time.sleep(tick_s)
-
-
-def _reap_leftovers(pgid: int, grace_s: float = 5.0) -> None:
-    """Terminate what the job left behind (its process group, re-parented orphans), then reap them."""
-    me = os.getpid()
-
-    def alive() -> list[int]:
-        return _children_of(me)
-
-    def signal_all(sig: int) -> None:
         try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        for child in alive():
-            try:
-                os.kill(child, sig)
-            except ProcessLookupError:
-                pass
+            stop = os.waitid(os.P_PID, pid, os.WSTOPPED | os.WNOHANG)
+        except ChildProcessError:
+            stop = None
+        if stop is not None and stop.si_code == os.CLD_STOPPED:
+            on_stop(stop.si_status)
+        on_tick()
+        time.sleep(tick_s)
 
-    def reap() -> None:
-        while True:
-            try:
-                got, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if got == 0:
-                return
 
-    reap()
-    if not alive() and not _group_alive(pgid):
+def _end_leftovers(job: "_Job", grace_s: float = 5.0) -> None:
+    """After --on-hang kill: the job's processes still alive get SIGTERM, then SIGKILL after `grace_s`."""
+    left = job.job_pids()
+    if not left:
         return
-    signal_all(signal.SIGTERM)
+    job.end_job(signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        reap()
-        if not alive() and not _group_alive(pgid):
-            return
+    while time.monotonic() < deadline and job.job_pids():
         time.sleep(0.05)
-    signal_all(signal.SIGKILL)
-    time.sleep(0.1)
-    reap()
+    job.end_job(signal.SIGKILL)
 
 
-def _group_alive(pgid: int) -> bool:
+def fresh_line(stream: "object") -> None:
+    """Start our next line at the beginning of a line, whatever the job left on `stream` (its stderr, shared with
+    ours): a regular file is read back (its last byte); on a terminal, as many spaces as the terminal is wide and a
+    carriage return move to a new line only when the cursor was not at its start (zsh's PROMPT_SP); a pipe cannot
+    be read back, so a newline is written (an empty line at worst, never a line glued to the job's)."""
     try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
+        stream.flush()  # type: ignore[attr-defined]
+        fd = stream.fileno()  # type: ignore[attr-defined]
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode):
+            if st.st_size:
+                rfd = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)  # `2> file` is write-only: read it anew
+                try:
+                    last = os.pread(rfd, 1, os.fstat(rfd).st_size - 1)
+                finally:
+                    os.close(rfd)
+                if last != b"\n":
+                    os.write(fd, b"\n")
+        elif os.isatty(fd):
+            cols = os.get_terminal_size(fd).columns
+            os.write(fd, b" " * cols + b"\r\x1b[K")
+        else:
+            os.write(fd, b"\n")
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _holds_terminal() -> bool:
+    """`trace run`'s process group is its terminal's foreground group: a keyboard signal came to the whole job."""
+    try:
+        return os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp()
+    except OSError:
         return False
+
+
+def _boot_s() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME)

@@ -54,7 +54,9 @@ def _ranktrace_version() -> str:
 def write_meta(host_dir: Path, meta: Mapping[str, Any]) -> None:
     """Atomic write: a reader never sees half a meta.json, even if we are killed mid-write."""
     tmp = host_dir / f".meta.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(meta, indent=2, sort_keys=False, default=str) + "\n")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # command line and environment: the owner's
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(meta, indent=2, sort_keys=False, default=str) + "\n")
     os.replace(tmp, host_dir / "meta.json")
 
 

@@ -26,6 +26,7 @@ __all__ = ["install", "PostImportFinder", "state"]
 C10D = "torch.distributed.distributed_c10d"
 CUDA = "torch.cuda"
 C10D_EXT = "torch._C._distributed_c10d"
+MP_PROCESS = "multiprocessing.process"
 _MAIN_MODULES = ("__main__", "__mp_main__")  # the main script runs through runpy, not a finder
 
 
@@ -108,8 +109,12 @@ def install() -> None:
     setup = _Setup(trace_dir)
     state = setup.state
     os.register_at_fork(after_in_child=setup.after_fork_in_child)
-    _record_process_exit(setup.state, setup.user)
+    mark_exit = _record_process_exit(setup.state, setup.user)
     finder = PostImportFinder({})
+    if MP_PROCESS in sys.modules:
+        _mark_child_exit_codes(sys.modules[MP_PROCESS], mark_exit)
+    else:
+        finder.add(MP_PROCESS, lambda module: _mark_child_exit_codes(module, mark_exit))
     for name, callback in ((C10D, setup.on_c10d), (CUDA, setup.on_cuda)):
         if name in sys.modules:
             callback(sys.modules[name])
@@ -214,22 +219,24 @@ def _torch_prefix(state: Any) -> None:
             state.skip_prefixes = state.skip_prefixes + (prefix,)
 
 
-def _record_process_exit(state: Any, user: Any) -> None:
+def _record_process_exit(state: Any, user: Any) -> Callable[..., None]:
     """Mark a voluntary exit (interpreter exit, os._exit) in the ring, so the analyzer can tell the rank that left
-    first from the ranks a launcher tore down afterwards (those die by signal and record nothing).
+    first from the ranks a launcher tore down afterwards (those die by signal and record nothing). Returns the
+    mark function (``_mark_child_exit_codes`` uses it too).
 
     os._exit is wrapped, not replaced in behaviour: the mark is one ring write, then the real call.
     """
     import atexit
     import threading
 
-    def mark(detail: str) -> None:
+    def mark(detail: str, code: Any = None) -> None:
         try:
             if state._rec is not None and state.enabled:
                 rec = state._rec
                 # never wait for the lock: a signal handler calling os._exit may have interrupted a meta write
                 rec.meta({"type": "event", "kind": "mark", "name": "process_exit", "category": "phase",
-                          "t_ns": rec.clock(), "tid": threading.get_native_id(), "detail": detail}, blocking=False)
+                          "t_ns": rec.clock(), "tid": threading.get_native_id(), "detail": detail,
+                          "exit_code": code if isinstance(code, int) else None}, blocking=False)
         except Exception:
             pass
 
@@ -238,18 +245,42 @@ def _record_process_exit(state: Any, user: Any) -> None:
             user.report_unimported()
         except Exception:
             pass
-        mark("interpreter exit")
+        uncaught = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)  # printed by the top level
+        if uncaught is not None and not isinstance(uncaught, SystemExit):
+            mark(f"interpreter exit after an uncaught {type(uncaught).__name__}: exit code 1", 1)
+        else:
+            mark("interpreter exit")
 
     atexit.register(at_exit)
     real_exit = os._exit
 
     def _exit(*args: Any, **kwargs: Any) -> None:  # type: ignore[misc]  (same call forms as os._exit(status))
-        mark(f"os._exit({', '.join([*map(repr, args), *(f'{k}={v!r}' for k, v in kwargs.items())])})")
+        code = args[0] if args else kwargs.get("status")
+        mark(f"os._exit({', '.join([*map(repr, args), *(f'{k}={v!r}' for k, v in kwargs.items())])})", code)
         real_exit(*args, **kwargs)
 
     _exit.__wrapped__ = real_exit  # type: ignore[attr-defined]
     os._exit = _exit
+    return mark
 
+
+def _mark_child_exit_codes(module: Any, mark: Callable[..., None]) -> None:
+    """multiprocessing's child processes (mp.spawn ranks: spawn, fork, forkserver) end with the exit code that
+    ``BaseProcess._bootstrap`` returns (0, sys.exit's code, 1 after an exception it printed); a spawn child then
+    calls sys.exit with it, which no exit hook can read. The wrapper records that code and returns it unchanged."""
+    cls = getattr(module, "BaseProcess", None)
+    real = getattr(cls, "_bootstrap", None)
+    if real is None or getattr(real, "__wrapped__", None) is not None:
+        return
+
+    def _bootstrap(self: Any, *args: Any, **kwargs: Any) -> Any:
+        code = real(self, *args, **kwargs)
+        mark(f"exit code {code} ({getattr(self, 'name', 'process')})", code)
+        return code
+
+    _bootstrap.__wrapped__ = real  # type: ignore[attr-defined]
+    _bootstrap.__qualname__ = getattr(real, "__qualname__", "_bootstrap")
+    cls._bootstrap = _bootstrap
 
 def _versions() -> dict[str, Any]:
     """Versions of the job's own python/torch/NCCL/CUDA, read in-rank (the launcher may run another env)."""

@@ -3,9 +3,11 @@ rank and is readable while it runs.
 
 An op record is one counter step and one ``struct.pack_into`` into a ``MAP_SHARED`` mapping: no lock, no syscall.
 Rare, precious records go to the non-wrapping meta region under a lock, so a serving loop never evicts them.
+The file's blocks are reserved when it is made (``reserve``): a disk that fills later never faults a ring write.
 """
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import mmap
@@ -18,13 +20,29 @@ from typing import Any, Callable
 
 from .. import ringformat as rf
 
-__all__ = ["Recorder", "DEFAULT_SLOTS", "DEFAULT_META_BYTES"]
+__all__ = ["Recorder", "DEFAULT_SLOTS", "DEFAULT_META_BYTES", "reserve"]
 
 DEFAULT_SLOTS = 65536          # 8 MiB of op records per process
 DEFAULT_META_BYTES = 1 << 20   # 1 MiB of identity/groups/strings/phases
 _KIND = {k: i for i, k in enumerate(rf.KINDS)}
 _CAT = {c: i for i, c in enumerate(rf.CATEGORIES)}
 _COMMIT = struct.Struct("<Q")
+
+
+def reserve(fd: int, size: int) -> None:
+    """Allocate the ring's blocks now (OSError, e.g. ENOSPC, when they cannot be): a write into a reserved page never
+    faults for want of space, so a disk that fills later can never raise SIGBUS inside the job's collective.
+    Where the filesystem has no fallocate, writing the zeros reserves them the same way."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+        return
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+    zeros = bytes(1 << 20)
+    off = 0
+    while off < size:
+        off += os.pwrite(fd, zeros[:min(len(zeros), size - off)], off)
 
 
 class Recorder:
@@ -49,12 +67,16 @@ class Recorder:
         # Written under a temporary name and published with link(): a live reader (the monitor, `trace analyze`)
         # never sees a ring whose header is not written yet, and an existing ring is never replaced.
         tmp = f"{path}.{os.getpid()}.part"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)  # the job's command line and call sites
         try:
             os.ftruncate(fd, size)
+            reserve(fd, size)  # a page of a sparse file that faults on a full disk is SIGBUS in the job's own call
             self._buf = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
+        except BaseException:
             os.close(fd)
+            os.unlink(tmp)
+            raise
+        os.close(fd)
         rf.HEADER.pack_into(
             self._buf, 0, rf.MAGIC, rf.VERSION, os.getpid(), clock(), wall_clock(), meta_bytes, rf.SLOT_SIZE,
             slots, 0, socket.gethostname().encode()[:63], proctitle.encode("utf-8", "replace")[:127],

@@ -6,13 +6,29 @@ These frames sit on a rank's stack during every traced call: analyzers/hoststate
 from __future__ import annotations
 
 import inspect
+import os
 from typing import Any, Callable
 
 from .. import redact
 from .slotwriter import ERROR, EXIT
 from .tracestate import ThreadState, TraceState, recording_thread
 
-__all__ = ["run_slot_span", "run_meta_span", "error_text", "error_id", "finish_wrapper", "arg_positions"]
+__all__ = ["run_slot_span", "run_meta_span", "error_text", "error_id", "finish_wrapper", "arg_positions", "unwound"]
+
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def unwound(err: BaseException) -> None:
+    """Drop ranktrace's own frames from the head of `err`'s traceback before a wrapper re-raises it with a bare
+    ``raise`` (which keeps the traceback as it is, adding no frame): the job's traceback reads as if the wrapper
+    were not there. When nothing else is left (a builtin such as a ProcessGroup method raised), the traceback starts
+    again at the caller's frame, exactly as the builtin called directly would have it."""
+    tb = err.__traceback__
+    head = tb
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_OWN_DIR):
+        tb = tb.tb_next
+    if tb is not head:
+        err.__traceback__ = tb
 
 
 def run_slot_span(st: TraceState, local: ThreadState, orig: Callable[..., Any], args: tuple, kwargs: dict,
@@ -39,6 +55,7 @@ def run_slot_span(st: TraceState, local: ThreadState, orig: Callable[..., Any], 
             st.put(ERROR, *rec[:7], error_id(st, e), *rec[8:])
         except Exception as e2:
             st.fail(e2)
+        unwound(e)
         raise
     if guard:
         local.depth = 0
@@ -60,7 +77,11 @@ def run_meta_span(st: TraceState, name: str, category: str, orig: Callable[..., 
     (``detail``: the argument that names the instance)."""
     local = recording_thread(st)
     if local is None:
-        return orig(*args, **kwargs)
+        try:
+            return orig(*args, **kwargs)
+        except BaseException as e_:
+            unwound(e_)
+            raise
     try:
         span = st.new_span()
         parent = local.span
@@ -71,7 +92,11 @@ def run_meta_span(st: TraceState, name: str, category: str, orig: Callable[..., 
             nv.push(name)
     except Exception as e:
         st.fail(e)
-        return orig(*args, **kwargs)
+        try:
+            return orig(*args, **kwargs)
+        except BaseException as e_:
+            unwound(e_)
+            raise
     local.span = span
     try:
         result = orig(*args, **kwargs)
@@ -83,6 +108,7 @@ def run_meta_span(st: TraceState, name: str, category: str, orig: Callable[..., 
             st.meta_event("error", name, category, span, local.tid, error=error_text(e))
         except Exception as e2:
             st.fail(e2)
+        unwound(e)
         raise
     local.span = parent
     try:

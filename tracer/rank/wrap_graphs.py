@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from .fastpath import MODE_SYNC, with_fastpath
 from .slotwriter import C_GRAPH, C_SYNC, ENTER, ERROR, EXIT, F_CAPTURING, N32, N64
-from .spans import error_id, error_text, finish_wrapper, run_meta_span, run_slot_span
+from .spans import error_id, error_text, finish_wrapper, run_meta_span, run_slot_span, unwound
 from .tracestate import ThreadState, TraceState, recording_thread
 
 __all__ = ["CAPTURE", "make_graph_enter_wrapper", "make_graph_exit_wrapper", "make_capture_wrapper",
@@ -79,6 +79,7 @@ def _graph_ctx_call(st: TraceState, local: ThreadState, opened: tuple[int, int, 
             _close_capture(st, *opened, e)
         except Exception as e2:
             st.fail(e2)
+        unwound(e)
         raise
     finally:
         local.depth -= 1
@@ -92,18 +93,29 @@ def make_graph_enter_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callab
     def __enter__(self: Any) -> Any:
         local = recording_thread(st)
         if local is None:
-            return orig(self)
+            try:
+                return orig(self)
+            except BaseException as e_:
+                unwound(e_)
+                raise
         try:
             graph = getattr(self, "cuda_graph", None)
             opened = _open_capture(st, graph if graph is not None else self, sys._getframe(1))
         except Exception as e:
             st.fail(e)
-            return orig(self)
+            try:
+                return orig(self)
+            except BaseException as e_:
+                unwound(e_)
+                raise
         st.capture_starting()  # first: it may wait out an agent's Flight Recorder dump (CaptureState)
         try:
             result = _graph_ctx_call(st, local, opened, lambda: orig(self))
             _begin_capturing(st, opened[1], opened[0])
             st.open_captures[("ctx", id(self))] = opened
+        except BaseException as e_:
+            unwound(e_)
+            raise
         finally:
             st.capture_started()
         return result
@@ -118,8 +130,16 @@ def make_graph_exit_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callabl
         local = st.local
         opened = st.open_captures.pop(("ctx", id(self)), None)
         if opened is None or not st.enabled:
-            return orig(self, *args)
-        result = _graph_ctx_call(st, local, opened, lambda: orig(self, *args))
+            try:
+                return orig(self, *args)
+            except BaseException as e_:
+                unwound(e_)
+                raise
+        try:
+            result = _graph_ctx_call(st, local, opened, lambda: orig(self, *args))
+        except BaseException as e_:
+            unwound(e_)
+            raise
         try:
             _close_capture(st, *opened, None)
         except Exception as e:
@@ -137,7 +157,11 @@ def make_capture_wrapper(st: TraceState, which: str, orig: Callable[..., Any]) -
     def capture(self: Any, *args: Any, **kwargs: Any) -> Any:
         local = recording_thread(st)
         if local is None or local.in_graph_ctx:
-            return orig(self, *args, **kwargs)
+            try:
+                return orig(self, *args, **kwargs)
+            except BaseException as e_:
+                unwound(e_)
+                raise
         opened = None
         try:
             if begin:
@@ -146,7 +170,11 @@ def make_capture_wrapper(st: TraceState, which: str, orig: Callable[..., Any]) -
                 opened = st.open_captures.pop(("graph", id(self)), None)
         except Exception as e:
             st.fail(e)
-            return orig(self, *args, **kwargs)
+            try:
+                return orig(self, *args, **kwargs)
+            except BaseException as e_:
+                unwound(e_)
+                raise
         if begin:
             st.capture_starting()  # first: it may wait out an agent's Flight Recorder dump (CaptureState)
         local.depth += 1
@@ -163,6 +191,7 @@ def make_capture_wrapper(st: TraceState, which: str, orig: Callable[..., Any]) -
                     st.capturing = None
             except Exception as e2:
                 st.fail(e2)
+            unwound(e)
             raise
         local.depth -= 1
         try:
@@ -191,7 +220,11 @@ def make_replay_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callable[..
     def replay(self: Any, *args: Any, **kwargs: Any) -> Any:
         local = recording_thread(st)
         if local is None:
-            return orig(self, *args, **kwargs)
+            try:
+                return orig(self, *args, **kwargs)
+            except BaseException as e_:
+                unwound(e_)
+                raise
         try:
             tid = local.tid
             gid = st.graph_id(self)
@@ -207,8 +240,16 @@ def make_replay_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callable[..
                 nv.push(f"replay graph={gid} seq={seq}")
         except Exception as e:
             st.fail(e)
-            return orig(self, *args, **kwargs)
-        return run_slot_span(st, local, orig, (self, *args), kwargs, rec, nv, guard=True)
+            try:
+                return orig(self, *args, **kwargs)
+            except BaseException as e_:
+                unwound(e_)
+                raise
+        try:
+            return run_slot_span(st, local, orig, (self, *args), kwargs, rec, nv, guard=True)
+        except BaseException as e_:
+            unwound(e_)
+            raise
 
     return finish_wrapper(replay, orig, name="replay")
 
@@ -221,7 +262,11 @@ def make_sync_wrapper(st: TraceState, name: str, orig: Callable[..., Any]) -> Ca
     def sync(*args: Any, **kwargs: Any) -> Any:
         local = recording_thread(st)
         if local is None:
-            return orig(*args, **kwargs)
+            try:
+                return orig(*args, **kwargs)
+            except BaseException as e_:
+                unwound(e_)
+                raise
         try:
             tid = local.tid
             name_id = nid[0] or st.name_id(name)
@@ -236,8 +281,16 @@ def make_sync_wrapper(st: TraceState, name: str, orig: Callable[..., Any]) -> Ca
                 nv.push(name)
         except Exception as e:
             st.fail(e)
-            return orig(*args, **kwargs)
-        return run_slot_span(st, local, orig, args, kwargs, rec, nv, guard=True)
+            try:
+                return orig(*args, **kwargs)
+            except BaseException as e_:
+                unwound(e_)
+                raise
+        try:
+            return run_slot_span(st, local, orig, args, kwargs, rec, nv, guard=True)
+        except BaseException as e_:
+            unwound(e_)
+            raise
 
     return finish_wrapper(with_fastpath(st, finish_wrapper(sync, orig), orig, name, MODE_SYNC, "sync"), orig)
 
@@ -247,6 +300,10 @@ def make_graphed_callables_wrapper(st: TraceState, orig: Callable[..., Any]) -> 
     runs are recorded inside it (depth guard left open)."""
 
     def make_graphed_callables(*args: Any, **kwargs: Any) -> Any:
-        return run_meta_span(st, "make_graphed_callables", "graph", orig, args, kwargs, sys._getframe(1))
+        try:
+            return run_meta_span(st, "make_graphed_callables", "graph", orig, args, kwargs, sys._getframe(1))
+        except BaseException as e_:
+            unwound(e_)
+            raise
 
     return finish_wrapper(make_graphed_callables, orig)

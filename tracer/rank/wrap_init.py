@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-from .spans import arg_positions, error_text, finish_wrapper
+from .spans import arg_positions, error_text, finish_wrapper, unwound
 from .tracestate import TraceState, recording_thread
 
 __all__ = ["make_init_wrapper"]
@@ -22,7 +22,11 @@ def make_init_wrapper(st: TraceState, name: str, orig: Callable[..., Any]) -> Ca
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         local = recording_thread(st)
         if local is None:
-            return orig(*args, **kwargs)
+            try:
+                return orig(*args, **kwargs)
+            except BaseException as e_:
+                unwound(e_)
+                raise
         span = 0
         nv = None
         try:
@@ -48,6 +52,7 @@ def make_init_wrapper(st: TraceState, name: str, orig: Callable[..., Any]) -> Ca
                 st.meta_event("error", name, "init", span, local.tid, error=error_text(e))
             except Exception as e2:
                 st.fail(e2)
+            unwound(e)
             raise
         local.depth = 0
         try:

@@ -10,7 +10,7 @@ from .fastpath import MODE_FUNCTION, MODE_PG_METHOD, with_fastpath
 from .nvtx_ranges import range_text
 from .optable import ALWAYS_ASYNC, OP_SPECS, SENDS
 from .slotwriter import CAT, COMMIT, ERROR, F_ASYNC, F_CAPTURING, N32, N64, PACK
-from .spans import arg_positions, error_id, finish_wrapper
+from .spans import arg_positions, error_id, finish_wrapper, unwound
 from .tracestate import TraceState, recording_thread
 
 __all__ = ["Extract", "op_span", "make_op_wrapper", "make_pg_method_wrapper"]
@@ -54,7 +54,11 @@ def op_span(st: TraceState, name: str, category: str, orig: Callable[..., Any], 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         local = recording_thread(st)
         if local is None:
-            return orig(*args, **kwargs)
+            try:
+                return orig(*args, **kwargs)
+            except BaseException as e_:
+                unwound(e_)
+                raise
         try:
             # the call's arguments
             pg, tens, peer, gpeer, aop = extract(args, kwargs)
@@ -152,10 +156,18 @@ def op_span(st: TraceState, name: str, category: str, orig: Callable[..., Any], 
             if nv is not None:
                 nv.push(range_text(name, gname, seq, peer))
         except _Skip:
-            return orig(*args, **kwargs)
+            try:
+                return orig(*args, **kwargs)
+            except BaseException as e_:
+                unwound(e_)
+                raise
         except Exception as e:  # ranktrace's own failure: never the job's
             st.fail(e)
-            return orig(*args, **kwargs)
+            try:
+                return orig(*args, **kwargs)
+            except BaseException as e_:
+                unwound(e_)
+                raise
         # the call
         if check:
             local.depth = 1
@@ -166,6 +178,7 @@ def op_span(st: TraceState, name: str, category: str, orig: Callable[..., Any], 
             local.depth = 0
             local.span = parent
             _op_failed(st, e, nv, cat, flags, name_id, gid, cs, dt, sh, peer_i, graph, seq, nb, span, parent, tid)
+            unwound(e)
             raise
         local.depth = 0
         local.span = parent

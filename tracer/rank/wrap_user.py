@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from .nvtx_ranges import range_text
 from .slotwriter import C_COLL, CAT, ENTER, ERROR, EXIT, F_CAPTURING, N32, N64
-from .spans import arg_positions, error_id, error_text, finish_wrapper, run_meta_span, run_slot_span
+from .spans import arg_positions, error_id, error_text, finish_wrapper, run_meta_span, run_slot_span, unwound
 from .tracestate import TraceState, recording_thread
 
 __all__ = ["make_user_wrapper", "make_identity_wrapper", "make_proctitle_wrapper", "MAX_META_SPANS", "compiling",
@@ -114,23 +114,31 @@ def make_user_wrapper(st: TraceState, spec: str, qualname: str, category: str, o
     detail_of = _detail_of(orig, detail)
     if category in _META_CATEGORIES:
         def meta_hook(*args: Any, **kwargs: Any) -> Any:
-            if compiling():
-                return orig(*args, **kwargs)
-            extra = _extra(detail_of, args, kwargs)
-            if st.meta_spans >= MAX_META_SPANS or not st.meta_room():  # hot spans: they go to op slots
-                return _slot_span_call(st, _spilled(shown, extra), CAT[category], None, False, orig, args, kwargs,
-                                       sys._getframe(1))
-            st.meta_spans += 1
-            return run_meta_span(st, shown, category, orig, args, kwargs, sys._getframe(1), extra)
+            try:
+                if compiling():
+                    return orig(*args, **kwargs)
+                extra = _extra(detail_of, args, kwargs)
+                if st.meta_spans >= MAX_META_SPANS or not st.meta_room():  # hot spans: they go to op slots
+                    return _slot_span_call(st, _spilled(shown, extra), CAT[category], None, False, orig, args,
+                                           kwargs, sys._getframe(1))
+                st.meta_spans += 1
+                return run_meta_span(st, shown, category, orig, args, kwargs, sys._getframe(1), extra)
+            except BaseException as e_:
+                unwound(e_)
+                raise
 
         return finish_wrapper(meta_hook, orig)
     cat = CAT[category]
     group_of = _bound_group_of(st, spec, qualname, bound, desc) if cat == C_COLL else None
 
     def user_hook(*args: Any, **kwargs: Any) -> Any:
-        if compiling():
-            return orig(*args, **kwargs)
-        return _slot_span_call(st, shown, cat, group_of, bound, orig, args, kwargs, sys._getframe(1))
+        try:
+            if compiling():
+                return orig(*args, **kwargs)
+            return _slot_span_call(st, shown, cat, group_of, bound, orig, args, kwargs, sys._getframe(1))
+        except BaseException as e_:
+            unwound(e_)
+            raise
 
     return finish_wrapper(user_hook, orig)
 
@@ -330,7 +338,11 @@ def _make_async_user_wrapper(st: TraceState, spec: str, qualname: str, category:
     async def async_hook(*args: Any, **kwargs: Any) -> Any:
         local = recording_thread(st)
         if local is None:
-            return await orig(*args, **kwargs)
+            try:
+                return await orig(*args, **kwargs)
+            except BaseException as e_:
+                unwound(e_)
+                raise
         try:
             tid, parent, span = local.tid, local.span, st.new_span()
             frame = sys._getframe(1)
@@ -351,7 +363,11 @@ def _make_async_user_wrapper(st: TraceState, spec: str, qualname: str, category:
                 st.put(ENTER, cat, 0, name_id, gid, cs, 0, 0, 0, N32, N32, seq, N64, N64, span, parent, tid)
         except Exception as e:
             st.fail(e)
-            return await orig(*args, **kwargs)
+            try:
+                return await orig(*args, **kwargs)
+            except BaseException as e_:
+                unwound(e_)
+                raise
         try:
             result = await orig(*args, **kwargs)
         except BaseException as e:  # CancelledError included: the span ends where the task was cancelled
@@ -363,6 +379,7 @@ def _make_async_user_wrapper(st: TraceState, spec: str, qualname: str, category:
                            parent, tid)
             except Exception as e2:
                 st.fail(e2)
+            unwound(e)
             raise
         try:
             if meta:
@@ -398,7 +415,11 @@ def _slot_span_call(st: TraceState, name: str, cat: int, group_of: Callable[[Any
     `group_of`, in the group of the object it is bound to (args[0]), seq counted per group."""
     local = recording_thread(st)
     if local is None:
-        return orig(*args, **kwargs)
+        try:
+            return orig(*args, **kwargs)
+        except BaseException as e_:
+            unwound(e_)
+            raise
     try:
         grp = group_of(args[0] if bound and args else None) if group_of is not None else None
         tid = local.tid
@@ -420,7 +441,15 @@ def _slot_span_call(st: TraceState, name: str, cat: int, group_of: Callable[[Any
             nv.push(range_text(name, grp[1], seq, None) if grp is not None else name)
     except Exception as e:
         st.fail(e)
-        return orig(*args, **kwargs)
-    return run_slot_span(st, local, orig, args, kwargs, rec, nv, guard=False)
+        try:
+            return orig(*args, **kwargs)
+        except BaseException as e_:
+            unwound(e_)
+            raise
+    try:
+        return run_slot_span(st, local, orig, args, kwargs, rec, nv, guard=False)
+    except BaseException as e_:
+        unwound(e_)
+        raise
 
 

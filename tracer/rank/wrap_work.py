@@ -9,7 +9,7 @@ import sys
 from typing import Any, Callable, Iterator
 
 from .slotwriter import C_COLL, C_SYNC, COMPLETE, ENTER, ERROR, EXIT, F_ASYNC, F_CAPTURING, N32, N64
-from .spans import arg_positions, error_id, finish_wrapper
+from .spans import arg_positions, error_id, finish_wrapper, unwound
 from .tracestate import ThreadState, TraceState, recording_thread
 
 __all__ = ["make_wait_wrapper", "make_coalescing_wrapper"]
@@ -24,7 +24,11 @@ def make_wait_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callable[...,
     def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
         local = recording_thread(st)
         if local is None:
-            return orig(self, *args, **kwargs)
+            try:
+                return orig(self, *args, **kwargs)
+            except BaseException as e_:
+                unwound(e_)
+                raise
         try:
             tid = local.tid
             op = st.works.get(id(self))
@@ -46,7 +50,11 @@ def make_wait_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callable[...,
                 nv.push("wait" if seq == N64 else f"wait seq={seq}")
         except Exception as e:
             st.fail(e)
-            return orig(self, *args, **kwargs)
+            try:
+                return orig(self, *args, **kwargs)
+            except BaseException as e_:
+                unwound(e_)
+                raise
         local.depth = 1
         try:
             result = orig(self, *args, **kwargs)
@@ -59,6 +67,7 @@ def make_wait_wrapper(st: TraceState, orig: Callable[..., Any]) -> Callable[...,
                        span, parent, tid)
             except Exception as e2:
                 st.fail(e2)
+            unwound(e)
             raise
         local.depth = 0
         try:
@@ -170,6 +179,7 @@ def _run_block(gen: Any, local: ThreadState, block: _CoalescedBlock) -> Iterator
         running, cm = _torch_step(local, gen.send, None)  # torch's set-up (start coalescing)
     except BaseException as e:
         block.close(e, None)
+        unwound(e)
         raise
     if not running:  # did not yield: contextmanager reports that, as without us
         block.close(None, None)
@@ -193,6 +203,7 @@ def _run_block(gen: Any, local: ThreadState, block: _CoalescedBlock) -> Iterator
             running, value = _torch_step(local, step, arg)
         except BaseException as e2:
             block.close(e2, cm)
+            unwound(e2)
             raise
         if not running:
             block.close(None, cm)

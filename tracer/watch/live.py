@@ -23,11 +23,20 @@ __all__ = ["liveness", "live_pids", "host_dirs", "snapshot_live"]
 
 
 def host_dirs(path: Path) -> list[Path]:
-    if (path / "meta.json").exists() or (path / "rings").is_dir():
+    """The trace host dirs at `path` (itself, or its children). A folder that cannot be read holds none here: the
+    analysis walks it again and says why it was skipped."""
+    def is_host(p: Path) -> bool:
+        try:
+            return (p / "meta.json").exists() or (p / "rings").is_dir()
+        except OSError:
+            return False
+
+    if is_host(path):
         return [path]
-    if path.is_dir():
-        return sorted(d for d in path.iterdir() if (d / "meta.json").exists() or (d / "rings").is_dir())
-    return []
+    try:
+        return sorted(d for d in path.iterdir() if is_host(d)) if path.is_dir() else []
+    except OSError:
+        return []
 
 
 def liveness(paths: list[Path]) -> Liveness:

@@ -19,7 +19,7 @@ _HEADER = re.compile(
     r" \(most recent call first\):\s*$"
 )
 _STACK = re.compile(r"^Stack \(most recent call first\):\s*$")
-_FRAME = re.compile(r'File "(?P<file>.*?)", line (?P<line>\d+|\?\?\?) in (?P<func>.*?)(?=\s+File "|\s*$)')
+_FRAME = re.compile(r'File "(?P<file>.{0,1000}?)", line (?P<line>\d+|\?\?\?) in (?P<func>.{0,400}?)(?=\s{1,40}File "|\s*$)')
 _FATAL = re.compile(r"^Fatal Python error: (.*)$")
 _TIMEOUT = re.compile(r"^Timeout \((\d+:\d\d:\d\d(?:\.\d+)?)\)!\s*$")
 _IGNORED = re.compile(r"^(<no Python frame>|<truncated rest of calls>|Extension modules: .*|Python runtime state: .*|"

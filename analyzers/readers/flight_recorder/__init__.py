@@ -10,7 +10,7 @@ from ranktrace.analyzers import schema
 from ranktrace.analyzers.readers.base import ColumnMap, ReadResult, Skipped, empty_file, read_file_bytes
 from ranktrace.analyzers.readers.common.ranks import rank_from_name
 from ranktrace.analyzers.readers.flight_recorder.load import load_dump
-from ranktrace.analyzers.readers.flight_recorder.records import FrEntry, parse_entry, pg_configs
+from ranktrace.analyzers.readers.flight_recorder.records import Expander, FrEntry, parse_entry, pg_configs, text
 from ranktrace.analyzers.readers.flight_recorder.rows import dump_row, entry_rows, group_rows, status_rows, world_size
 
 __all__ = [
@@ -53,6 +53,7 @@ def sniff(path: Path, head: bytes) -> bool:
     """FR pickle (protocol marker + FR keys) or FR JSON object (FR keys in the first bytes)."""
     if head[:1] == b"\x80":
         return any(k.encode() in head for k in ("pg_config", "pg_status", "profiling_name", "collective_seq_id"))
+    head = head.replace(b"\0", b"")  # NUL runs are holes in a JSON dump, never part of it
     h = head.lstrip()
     if not h.startswith(b"{"):
         return False
@@ -109,7 +110,7 @@ def read(path: Path) -> ReadResult:
     raw, skipped, encoding = load_dump(path, data)
 
     version = raw.get("version")
-    version = str(version) if version is not None else None
+    version = text(version, 40) if version is not None else None
     if version is not None and not version.startswith("2."):
         skipped.append(Skipped(f, None, f"Flight Recorder version {version} not verified (readers know 2.x)"))
 
@@ -118,13 +119,16 @@ def read(path: Path) -> ReadResult:
         skipped.append(Skipped(f, None, "'entries' is not a list"))
         raw_entries = []
     entries: list[FrEntry] = []
+    expand = Expander()
     for i, r in enumerate(raw_entries):
-        e = parse_entry(r, i)
+        e = parse_entry(r, i, expand)
         if isinstance(e, str):
             skipped.append(Skipped(f, i, e))
         else:
             entries.append(e)
 
+    if expand.note:
+        skipped.append(Skipped(f, None, expand.note))
     configs = pg_configs(raw.get("pg_config"), entries)
     rank = rank_from_filename(path.name)
     world = world_size(configs)

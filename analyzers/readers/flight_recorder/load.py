@@ -112,6 +112,10 @@ def load_dump(path: Path, data: bytes) -> tuple[dict[str, Any], list[Skipped], s
         if not isinstance(obj, dict) or not any(k in obj for k in _TOP_KEYS):
             raise ReaderError(path, "pickle holds no Flight Recorder keys (entries / pg_config / pg_status)")
         return obj, skipped, "pickle"
+    if data.lstrip(b"\0 \t\r\n")[:1] == b"{" and b"\0" in data:  # JSON with a hole (crash, copytruncate)
+        nuls = data.count(b"\0")
+        data = data.replace(b"\0", b"")
+        skipped.append(Skipped(f, None, f"{nuls} NUL byte(s) dropped (a hole left by a crash or a copy)"))
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

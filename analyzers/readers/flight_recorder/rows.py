@@ -8,7 +8,7 @@ from typing import Any, Iterable
 
 from ranktrace.analyzers.opnames import P2P_OPS, canonical_op
 from ranktrace.analyzers.readers.base import Skipped
-from ranktrace.analyzers.readers.flight_recorder.records import FrEntry, PgConfig, to_int
+from ranktrace.analyzers.readers.flight_recorder.records import FrEntry, PgConfig, text, to_int
 
 __all__ = ["world_size", "group_rows", "entry_rows", "status_rows", "dump_row"]
 
@@ -68,8 +68,14 @@ def _shape(sizes: tuple[tuple[int, ...], ...] | None) -> str | None:
     if sizes is None:
         return None
     if len(sizes) == 1:
-        return str(list(sizes[0]))
-    return str([list(s) for s in sizes])
+        return str(list(sizes[0]))[:_MAX_SHAPE]
+    out = str([list(s) for s in sizes[:64]])
+    if len(sizes) > 64 or len(out) > _MAX_SHAPE:
+        out = out[:_MAX_SHAPE].rstrip("]") + f", ...] ({len(sizes)} tensors)"
+    return out
+
+
+_MAX_SHAPE = 2000
 
 
 def _callsite(frames: tuple[tuple[str, str, int], ...]) -> str | None:
@@ -112,6 +118,14 @@ def group_rows(configs: dict[str, PgConfig], rank: int | None, world: int | None
 def entry_rows(entries: Iterable[FrEntry], configs: dict[str, PgConfig], rank: int | None, world: int | None,
                 f: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
+    memo: dict[tuple[str, int, int], Any] = {}  # entries share their sizes / dtypes / frames tuples: computed once
+
+    def once(kind: str, a: Any, b: Any, fn: Any) -> Any:
+        key = (kind, id(a), id(b))
+        if key not in memo:
+            memo[key] = fn()
+        return memo[key]
+
     for e in entries:
         name = canonical_op(e.profiling_name)
         p2p = bool(e.is_p2p) or name in P2P_OPS
@@ -131,8 +145,10 @@ def entry_rows(entries: Iterable[FrEntry], configs: dict[str, PgConfig], rank: i
             "group": e.group, "group_desc": e.group_desc, "backend": _backend(e.profiling_name),
             "group_ranks": list(pc.ranks) if pc and pc.ranks else None, "seq": seq, "backend_seq": seq,
             "peer": _peer(e, name, pc) if p2p else None, "wall_ns": e.time_created_ns,
-            "nbytes": _nbytes(e.input_sizes, e.input_dtypes), "dtype": _dtype(e.input_dtypes),
-            "shape": _shape(e.input_sizes), "callsite": _callsite(e.frames), "state": e.state,
+            "nbytes": once("n", e.input_sizes, e.input_dtypes, lambda: _nbytes(e.input_sizes, e.input_dtypes)),
+            "dtype": once("d", e.input_dtypes, None, lambda: _dtype(e.input_dtypes)),
+            "shape": once("s", e.input_sizes, None, lambda: _shape(e.input_sizes)),
+            "callsite": once("c", e.frames, None, lambda: _callsite(e.frames)), "state": e.state,
             "detail": " ".join(detail), "source": "fr", "file": f, "line": e.index,
         }
         rows.append(row)
@@ -158,7 +174,7 @@ def status_rows(raw: Any, entries: list[FrEntry], rank: int | None, f: str,
         enq, sta, com = (to_int(st.get(k)) for k in
                          ("last_enqueued_collective", "last_started_collective", "last_completed_collective"))
         pg_id = to_int(key)
-        group, desc = names.get(pg_id, (str(key), None)) if pg_id is not None else (str(key), None)
+        group, desc = names.get(pg_id, (text(key), None)) if pg_id is not None else (text(key), None)
         rows.append({
             "rank": rank, "kind": "fr_pg_status", "name": desc, "group": group, "value": com,
             "detail": f"enqueued={enq} started={sta} completed={com} pg_id={key}",
@@ -172,7 +188,7 @@ def dump_row(raw: dict[str, Any], entries: list[FrEntry], encoding: str, rank: i
     rec = [e.record_id for e in entries if e.record_id is not None]
     lib = raw.get("comm_lib_version", raw.get("nccl_version"))
     return {
-        "rank": rank, "kind": "fr_dump", "name": str(raw.get("version")), "value": len(entries),
+        "rank": rank, "kind": "fr_dump", "name": text(raw.get("version"), 40), "value": len(entries),
         "detail": (f"encoding={encoding} entries={len(entries)} first_record_id={min(rec) if rec else None} "
                    f"last_record_id={max(rec) if rec else None} comm_lib_version={lib!r}"),
         "source": "fr", "file": f, "line": None,

@@ -4,15 +4,14 @@ Stages: :mod:`.stream` (streaming JSON) -> :mod:`.collect` (keep what matters) -
 -> :mod:`.tables` (rows, seq, time)."""
 from __future__ import annotations
 
-import gzip
 import zlib
 from pathlib import Path
-from typing import IO
+from typing import Any
 
 from ranktrace.analyzers.readers.base import ColumnMap, ReaderError, ReadResult
 from ranktrace.analyzers.readers.kineto.collect import Collector
 from ranktrace.analyzers.readers.kineto.ops import DTYPES
-from ranktrace.analyzers.readers.kineto.stream import JsonStream, NotJson, Truncated
+from ranktrace.analyzers.readers.kineto.stream import Gunzip, JsonStream, NotJson, Truncated
 from ranktrace.analyzers.readers.kineto.tables import ABSOLUTE_EPOCH_US, build_result
 
 __all__ = [
@@ -129,7 +128,9 @@ def read(path: Path) -> ReadResult:
         raise ReaderError(path, "empty file, expected a Kineto / torch.profiler trace (JSON)")
     collector = Collector(str(path))
     try:
-        raw: IO[bytes] = gzip.open(path, "rb") if magic == _GZIP_MAGIC else path.open("rb")
+        raw: Any = path.open("rb")
+        if magic == _GZIP_MAGIC:
+            raw = Gunzip(raw, _gunzip_cap(path))
     except OSError as e:
         raise ReaderError(path, f"cannot open: {e}") from e
     with raw:
@@ -146,9 +147,36 @@ def read(path: Path) -> ReadResult:
                 raise ReaderError(path, f"not a Kineto trace: file ends before any trace content ({e})") from e
             collector.skip(None, f"truncated trace: file ends inside the JSON after {collector.events_seen} events "
                                  f"({e}); the events before the cut are used")
+        _stream_notes(raw, stream, collector)
     if not collector.saw_trace_events:
         raise ReaderError(path, "JSON without 'traceEvents': not a Kineto / torch.profiler trace")
     return build_result(collector, FORMAT)
+
+
+_MAX_GUNZIP = 4 << 30
+
+
+def _gunzip_cap(path: Path) -> int:
+    """What a .gz trace may inflate to: 64x its size (a trace's JSON packs 5-20x; a bomb of blank space ~1000x),
+    at least 256 MiB, at most 4 GiB."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = 0
+    return max(256 << 20, min(_MAX_GUNZIP, 64 * size))
+
+
+def _stream_notes(raw: Any, stream: JsonStream, collector: Collector) -> None:
+    if stream.nuls:
+        collector.skip(None, f"{stream.nuls} NUL byte(s) dropped (a hole left by a crash or a copy)")
+    if isinstance(raw, Gunzip):
+        if raw.cut:
+            collector.skip(None, "gzip stream cut short: everything before the cut is used")
+        if raw.capped:
+            collector.skip(None, f"read up to {raw.cap >> 20} MiB of decompressed data (a gzip bomb, or a trace "
+                                 "far larger than its file): the rest is not read")
+        if raw.damaged:
+            collector.skip(None, f"gzip data damaged ({raw.damaged}): everything before it is used")
 
 
 def _head_text(head: bytes) -> str:

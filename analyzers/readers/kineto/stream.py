@@ -4,13 +4,70 @@ from __future__ import annotations
 
 import codecs
 import json
+import re
 import zlib
 from typing import IO, Any, Iterator
 
 _CHUNK = 1 << 20
 _MAX_VALUE_CHARS = 64 << 20       # one JSON value larger than this is treated as corrupt, not as "read more"
 
-__all__ = ["Truncated", "NotJson", "JsonStream"]
+__all__ = ["Truncated", "NotJson", "JsonStream", "Gunzip"]
+
+_WS = re.compile(r"[ \t\r\n]*")
+
+
+class Gunzip:
+    """A gzip stream as a file to ``read(n)`` from: what a stream cut short still holds is returned up to the cut
+    (``cut`` says so; gzip.GzipFile raised and lost the chunk it was decoding, up to 1 MiB), concatenated members
+    are read, and no more than ``cap`` bytes come out (``capped``): a 4 MB gzip bomb inflates to 4 GiB of spaces."""
+
+    def __init__(self, raw: IO[bytes], cap: int) -> None:
+        self.raw, self.cap = raw, cap
+        self.out = 0
+        self.cut = self.capped = False
+        self.damaged: str | None = None
+        self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        self._pending = b""
+        self._done = False
+        self._started = False   # the current member has begun (its end not seen yet)
+
+    def read(self, n: int) -> bytes:
+        chunks: list[bytes] = []
+        got = 0
+        while got < n and not self._done:
+            if self.out >= self.cap:
+                self.capped = self._done = True
+                break
+            if not self._pending:
+                self._pending = self.raw.read(1 << 16)
+                if not self._pending:
+                    self.cut = self._started   # the data ended inside a member
+                    self._done = True
+                    break
+            try:
+                data = self._d.decompress(self._pending, min(n - got, self.cap - self.out))
+            except zlib.error as e:
+                self.damaged, self._done = str(e), True
+                break
+            self._started = True
+            self._pending = self._d.unconsumed_tail
+            if self._d.eof:  # end of one member: another may follow (gzip files may be concatenated)
+                self._pending = self._d.unused_data + self._pending
+                self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                self._started = False
+            chunks.append(data)
+            got += len(data)
+            self.out += len(data)
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        self.raw.close()
+
+    def __enter__(self) -> "Gunzip":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class Truncated(Exception):
@@ -40,6 +97,7 @@ class JsonStream:
         self.pos = 0
         self.consumed = 0  # chars dropped from the front of buf
         self.eof = False
+        self.nuls = 0     # NUL bytes dropped (the reader says so)
 
     def _fill(self) -> bool:
         if self.eof:
@@ -48,6 +106,9 @@ class JsonStream:
             chunk = self.raw.read(_CHUNK)
         except (EOFError, zlib.error, OSError):  # cut gzip stream / bad CRC: treat as end of data
             chunk = b""
+        if b"\0" in chunk:  # a hole (crash, copytruncate): NULs never belong to JSON
+            self.nuls += chunk.count(b"\0")
+            chunk = chunk.replace(b"\0", b"")
         if not chunk:
             self.eof = True
             self.buf += self.utf8.decode(b"", final=True)
@@ -61,8 +122,7 @@ class JsonStream:
 
     def _peek(self) -> str:
         while True:
-            while self.pos < len(self.buf) and self.buf[self.pos] in " \t\r\n":
-                self.pos += 1
+            self.pos = _WS.match(self.buf, self.pos).end()  # in C: a run of blank space is skipped at once
             if self.pos < len(self.buf):
                 return self.buf[self.pos]
             if not self._fill():

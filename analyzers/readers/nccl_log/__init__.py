@@ -80,14 +80,14 @@ def sniff(path: Path, head: bytes) -> bool:
     text = head.lstrip(b"\0")   # a leading run of NULs: a sparse hole or a copytruncate'd log, not binary
     if not head or (text and looks_binary(text)):
         return False
-    if SNIFF_RE.search(text):
+    if SNIFF_RE.search(text.replace(b"\0", b"")):
         return True
     try:
         with open(path, "rb") as f:
             more = f.read(4 << 20).lstrip(b"\0")
     except OSError:
         return False
-    return bool(more) and not looks_binary(more) and bool(SNIFF_RE.search(more))
+    return bool(more) and not looks_binary(more) and bool(SNIFF_RE.search(more.replace(b"\0", b"")))
 
 
 def read(path: Path) -> ReadResult:

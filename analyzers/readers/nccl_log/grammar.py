@@ -40,15 +40,16 @@ SCAN_RE = re.compile(
 NRANKS_RE = re.compile(rb"\[nranks=(\d+)\]")
 # The part of a line before "NCCL INFO" of a COLL line, parsed from its end.
 COLL_PREFIX_RE = re.compile(
-    rb"(?:\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)\] )?([^\s:\[\]|()<>]+):(\d+):(\d+)(?: \[(\d+)\])? \Z"
+    rb"(?:\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)\] )?(?<![^\s:\[\]|()<>])([^\s:\[\]|()<>]+):(\d+):(\d+)"
+    rb"(?: \[(\d+)\])? \Z"
 )
 # Any NCCL line (formats.md §1.2 tolerant pattern, never anchored at column 0).
 MARKER_RE = re.compile(
     r"(?:\[(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)\] )?"
-    r"(?P<host>[^\s:\[\]|()<>]+):(?P<pid>\d+):(?P<tid>\d+) "
+    r"(?<![^\s:\[\]|()<>])(?P<host>[^\s:\[\]|()<>]+):(?P<pid>\d+):(?P<tid>\d+) "
     r"(?:\[(?P<dev>\d+)\] )?"
     r"(?:(?P<elapsed>\d+\.\d+) )?"
-    r"(?:(?P<file>[\w./+-]+):(?P<fline>\d+) (?:\((?P<func>[^)]*)\) )?)?"
+    r"(?:(?P<file>[\w./+-]+):(?P<fline>\d+) (?:\((?P<func>[^)\n]{0,400})\) )?)?"
     r"NCCL (?P<level>INFO|WARN|TRACE|CALL|ABORT) "
 )
 BARE_VERSION_RE = re.compile(r"(?:^|\s|\])NCCL version (?P<v>\d+\.\d+\.\d+\S*)")
@@ -130,16 +131,23 @@ def normalize_comm_id(raw: str) -> str:
         return s
 
 SNIFF_RE = re.compile(
-    rb"[^\s:\[\]|()<>]+:\d+:\d+ (?:\[\d+\] )?(?:\S+ )?(?:\([^)]*\) )?NCCL (?:INFO|WARN|TRACE|CALL) |"
+    rb"(?<![^\s:\[\]|()<>])[^\s:\[\]|()<>]+:\d+:\d+ (?:\[\d+\] )?(?:\S+ )?(?:\([^)\n]{0,400}\) )?"
+    rb"NCCL (?:INFO|WARN|TRACE|CALL) |"
     rb"(?:^|\n)NCCL version \d+\.\d+\.\d+"
 )
 
 
+_NUL_RUN = re.compile(rb"\x00{8,}")
+
+
 def looks_binary(data: bytes) -> bool:
+    """Control bytes once NUL runs (sparse holes, a copytruncate'd front: the reader drops them) are set aside."""
     if not data:
         return False
-    sample = data[:65536]
-    if sample.count(b"\x00") > 0:
+    sample = _NUL_RUN.sub(b"", data[:65536])
+    if not sample:
+        return False
+    if b"\x00" in sample:   # NULs scattered among the bytes, not a hole: binary
         return True
     ctrl = sum(sample.count(bytes([c])) for c in range(1, 32) if c not in (9, 10, 13, 27))
     return ctrl > len(sample) // 20

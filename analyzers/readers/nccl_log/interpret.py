@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from ranktrace.analyzers.readers.base import Skipped
+from ranktrace.analyzers.readers.text import MAX_LINE_CHARS
 from ranktrace.analyzers.readers.nccl_log.grammar import (API_RE, BARE_VERSION_RE, COLL_PREFIX_RE, COLL_RE,
                                                           CONNECT_FAIL_RE, CUDA_FAIL_RE, FIELD_RES, INIT_FAIL_RE,
                                                           INIT_RE, MARKER_RE, NRANKS_RE, P2P_RAW, RING_RE, SCAN_RE,
@@ -26,6 +27,8 @@ __all__ = ["Comm", "META", "NMETA", "block", "Reader"]
 _VEC_MIN_BYTES = 32 << 10     # smaller chunks go through the regex loop only
 _VEC_MIN_ROWS = 48            # a run of fewer COLL lines between two rarer lines is not worth the numpy set-up
 _PREFIX_CACHE_MAX = 200_000
+
+_MAX_PREFIX = 4096   # a COLL line's host:pid:tid [dev] (and timestamp) prefix is read from at most this far back
 
 
 @dataclass(slots=True)
@@ -281,7 +284,7 @@ class Reader:
                     last_rare = ls
                     self._rare_line(chunk, ls, cur_line)
                 continue
-            key = (chunk[ls:s], comm)
+            key = (chunk[max(ls, s - _MAX_PREFIX):s], comm)
             hit = cache.get(key)
             if hit is None:
                 nr = NRANKS_RE.search(chunk, s)
@@ -461,8 +464,8 @@ class Reader:
     # ---- keyword lines
 
     def _rare_line(self, chunk: bytes, ls: int, line: int) -> None:
-        le = chunk.find(b"\n", ls)
-        raw = chunk[ls:] if le == -1 else chunk[ls:le]
+        le = chunk.find(b"\n", ls, ls + MAX_LINE_CHARS)  # a line is examined up to MAX_LINE_CHARS, as text is
+        raw = chunk[ls:ls + MAX_LINE_CHARS] if le == -1 else chunk[ls:le]
         text = raw.decode("utf-8", "replace").rstrip("\r")
         marks = list(MARKER_RE.finditer(text))
         if not marks:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ranktrace.analyzers import schema
-from ranktrace.analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped, has_nul_bytes
+from ranktrace.analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped, binary_content, without_nuls
 from ranktrace.analyzers.readers.nccl_ras.rows import finish
 from ranktrace.analyzers.readers.nccl_ras.scan_json import scan_json
 from ranktrace.analyzers.readers.nccl_ras.scan_text import scan_text
@@ -50,8 +50,9 @@ OBSERVATION_KINDS: dict[str, str] = {
 def sniff(path: Path, head: bytes) -> bool:
     """True for RAS text (``Job summary`` / ``Communicators...`` / ``#0-0 (hash) MISMATCH`` / monitor banner) or
     RAS JSON (``"communicators"`` with ``"collective_counts"``/``"missing_ranks"``, or a monitor event)."""
-    if not head or has_nul_bytes(head):
+    if not head or binary_content(head):
         return False
+    head = without_nuls(head)[0]
     h = head.lstrip()
     if h.startswith(b"{") or h.startswith(b"["):
         return (b'"communicators"' in head and (b'"ranks"' in head or b'"hash"' in head)) or (
@@ -105,9 +106,12 @@ def read(path: Path) -> ReadResult:
         raise ReaderError(path, f"cannot open: {e.strerror or e}") from e
     if not data.strip():
         return ReadResult(file=file, format=FORMAT, skipped=(Skipped(file, None, "empty file"),))
-    if has_nul_bytes(data):
+    if binary_content(data):
         raise ReaderError(path, "binary content, not NCCL RAS output")
     skipped: list[Skipped] = []
+    data, nuls = without_nuls(data)
+    if nuls:
+        skipped.append(Skipped(file, None, f"{nuls} NUL byte(s) dropped (a hole left by a crash or a copy)"))
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -36,7 +36,7 @@ OBSERVATION_KINDS: dict[str, str] = {
     "topology_link": "name = 'GPUi-GPUj', detail = matrix cell (NV4, PIX, SYS, ...), value = NVLink count for NV#",
 }
 
-_SNIFF = re.compile(r"NVIDIA-SMI \S+\s+Driver Version|^\s*GPU0\s+(?:GPU1|NIC0|mlx5_0|CPU Affinity)"
+_SNIFF = re.compile(r"NVIDIA-SMI \S+\s+Driver Version|^[ \t]{0,40}GPU0\s+(?:GPU1|NIC0|mlx5_0|CPU Affinity)"
                     r"|X    = Self|NV#  = Connection", re.MULTILINE)
 
 

@@ -17,7 +17,7 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _HEADER = re.compile(r"NVIDIA-SMI\s+(\S+)\s+Driver Version:\s*(\S+)(?:\s+CUDA Version:\s*(\S+))?")
 _STAMP = re.compile(r"^(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (\w{3})\s+(\d{1,2}) (\d{2}:\d{2}:\d{2}) (\d{4})\s*$")
 _GPU_ROW = re.compile(r"^\s*(\d+)\s+(.*?)\s+(On|Off|N/A)?\s*$")
-_MEM = re.compile(r"(\d+)\s*MiB\s*/\s*(\d+)\s*MiB")
+_MEM = re.compile(r"(?<!\d)(\d+)\s*MiB\s*/\s*(\d+)\s*MiB")
 _UTIL = re.compile(r"^\s*(\d+|N/A)%?\s")
 _PROC = re.compile(r"^\|\s*(\d+)\s+(?:(N/A|\d+)\s+(N/A|\d+)\s+)?(\d+)\s+(C\+G|G\+C|M\+C|C|G|M)\s+(.*?)\s+"
                    r"(\d+MiB|N/A)\s*\|$")

@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 from ranktrace.analyzers import schema
-from ranktrace.analyzers.readers.base import (ColumnMap, ReadResult, ReaderError, Skipped, decode_text, empty_file,
-                                              read_file_bytes)
+from ranktrace.analyzers.readers.base import (ColumnMap, ReadResult, ReaderError, Skipped, binary_content,
+                                              decode_text, empty_file, read_file_bytes, without_nuls)
 from ranktrace.analyzers.readers.common.ranks import rank_from_name
 from ranktrace.analyzers.readers.common.stacks import stacks_table
 from ranktrace.analyzers.readers.pyspy.rows import process_rows, thread_records
@@ -35,9 +35,9 @@ FIELD_MAP: tuple[ColumnMap, ...] = (
 )
 
 _SNIFF_TEXT = re.compile(
-    r"(?m)(^\S*?\s*Process \d+: .*\r?\n\S*?\s*Python v\d"
+    r"(?m)(^\S{0,80}?[ \t]{0,40}Process \d+: .*\r?\n\S{0,80}?[ \t]{0,40}Python v\d"
     r"|Pyspy dump for PID \d+|Pyspy failed|All pyspy dump attempts failed"
-    r"|^\S*?\s*Thread (?:0x[0-9a-fA-F]+|\d+) \((?:idle|active\+gil|active)\)"
+    r"|^\S{0,80}?[ \t]{0,40}Thread (?:0x[0-9a-fA-F]+|\d+) \((?:idle|active\+gil|active)\)"
     r"|^Permission Denied: Try running again with elevated permissions"
     r"|^Error: Failed to (?:get process executable name|find python version|get stack traces))"
 )
@@ -45,11 +45,14 @@ _SNIFF_TEXT = re.compile(
 
 def sniff(path: Path, head: bytes) -> bool:
     """py-spy text headers / SGLang wrapper / py-spy error text, or a JSON array of py-spy thread objects."""
+    if binary_content(head):
+        return False
+    head = without_nuls(head)[0]
     h = head.lstrip()
     if h.startswith(b"["):
         if b'"thread_id"' in head and b'"frames"' in head and (b'"owns_gil"' in head or b'"os_thread_id"' in head):
             return True
-    if h[:1] in (b"{", b"\x80") or b"\x00" in head:
+    if h[:1] in (b"{", b"\x80"):
         return False
     return bool(_SNIFF_TEXT.search(ANSI.sub("", head.decode("utf-8", errors="replace"))))
 
@@ -93,7 +96,13 @@ def read(path: Path) -> ReadResult:
     if not data.strip():
         return empty_file(f, FORMAT)
     text = decode_text(path, data, "binary data, not py-spy output")
-    return _from_text(path, text)
+    res = _from_text(path, text)
+    nuls = data.count(b"\x00")
+    if nuls:
+        hole = Skipped(f, None, f"{nuls} NUL byte(s) dropped (a hole left by a crash or a copy)")
+        res = ReadResult(res.file, res.format, res.version, res.events, res.stacks, res.observations,
+                         (hole, *res.skipped), res.world_size)
+    return res
 
 
 def read_doc(doc: TextDoc) -> ReadResult:

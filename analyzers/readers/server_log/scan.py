@@ -67,6 +67,7 @@ _FULL_DATE = re.compile(r"\b(\d{4})-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}")
 _TORCH_RANK = re.compile(r"\[rank(\d+)\]:")
 _TAG_TOKENS = re.compile(r"(ATTN_CP|MOE_DP|DP|PP|TP|EP|PCP|DCP|CP)_?(\d+)")
 _REGISTER = re.compile(r"Registering (\d+) cuda graph addresses")
+_LABEL_NOTE = re.compile(r"\s{0,40}\((?:bs=|avail_mem=)[^)]{0,200}\)")
 _ASSIGNED = re.compile(r"rank (\d+) in world size (\d+) is assigned as (.*)")
 _INIT_LINE = re.compile(r"world_size=(\d+) rank=(\d+) local_rank=\d+")
 _PROGRESS = re.compile(r"(?P<label>Capturing (?:batches|CUDA graphs|num tokens)[^:|]*?)\s*:\s*\d+%\|[^|]*\|\s*"
@@ -206,7 +207,7 @@ class LogParser:
         prog = _PROGRESS.search(line)
         if prog:
             self.recognised = True
-            label = re.sub(r"\s*\((?:bs=|avail_mem=)[^)]*\)", "", prog.group("label")).strip()
+            label = _LABEL_NOTE.sub("", prog.group("label")).strip()
             done, total = int(prog.group("done")), int(prog.group("total"))
             self.progress[f"{pid} {label}"] = Hit(number, "progress", label, None, done,
                                                    f"{done}/{total} {prog.group('label').strip()}", tags, vllm_rank,

@@ -161,7 +161,7 @@ def _join_soft_wraps(split: list[tuple[int, LinePrefix, str, str]],
     return out
 
 
-_OWN_RECORD = re.compile(r"\s*(?:File \"|frame #\d|#\d+ |Thread |Traceback|\[|\(|[A-Z][\w.]*(?:Error|Exception):)")
+_OWN_RECORD = re.compile(r"\s{0,200}(?:File \"|frame #\d|#\d+ |Thread |Traceback|\[|\(|[A-Z][\w.]{0,200}(?:Error|Exception):)")
 
 
 _GLUED = re.compile(r"(?<=\S)(?=\[(?:rank|default)\d{1,6}\]:)")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ranktrace.analyzers import schema
-from ranktrace.analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped, has_nul_bytes
+from ranktrace.analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped, binary_content, without_nuls
 from ranktrace.analyzers.readers.text import TextDoc, canonical_prefix
 from ranktrace.analyzers.readers.watchdog.rows import OPTYPE_NAMES, build
 from ranktrace.analyzers.readers.watchdog.scan import (PREFILTER, Status, Timeout, parse_line, sniff_text,
@@ -42,9 +42,9 @@ OBSERVATION_KINDS: dict[str, str] = {
 def sniff(path: Path, head: bytes) -> bool:
     """True when the head, or the last MiB of the file (watchdog lines come at the end of a log), has a watchdog
     timeout or PG-status line of ProcessGroupNCCL."""
-    if not head or has_nul_bytes(head):
+    if not head or binary_content(head):
         return False
-    if sniff_text(head):
+    if sniff_text(without_nuls(head)[0]):
         return True
     try:
         with open(path, "rb") as f:
@@ -54,7 +54,7 @@ def sniff(path: Path, head: bytes) -> bool:
             tail = f.read()
     except OSError:
         return False
-    return not has_nul_bytes(tail) and sniff_text(tail)
+    return not binary_content(tail) and sniff_text(without_nuls(tail)[0])
 
 
 def read(path: Path) -> ReadResult:
@@ -115,7 +115,7 @@ def read(path: Path) -> ReadResult:
         head = f.read(65536)
         if not head:
             return ReadResult(file=file, format=FORMAT, skipped=(Skipped(file, None, "empty file"),))
-        if has_nul_bytes(head):
+        if binary_content(head):
             raise ReaderError(path, "binary content, not a text log with watchdog lines")
         f.seek(0)
         try:
