@@ -12,9 +12,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.ipc as ipc
 
-from ranktrace.analyzers import schema
+from ranktrace.analyzers import hostdir, schema
 from ranktrace.analyzers.model import HostRun
 from ranktrace.analyzers.readers.base import ReaderError, ReadResult, Skipped
 
@@ -56,6 +55,8 @@ class Inputs:
     hosts: list[HostRun] = field(default_factory=list)
     world_size: int | None = None
     reads: list[InputRead] = field(default_factory=list)
+    paths: list[Path] = field(default_factory=list)
+    window: hostdir.Window | None = None   # what the host dirs' own records were read through (issue #19)
 
     @property
     def has_ranktrace(self) -> bool:
@@ -70,22 +71,26 @@ def _is_host_dir(p: Path) -> bool:
     return p.is_dir() and ((p / "meta.json").exists() or (p / "rings").is_dir() or (p / "events.arrow").exists())
 
 
-def collect(paths: list[Path]) -> Inputs:
-    """Read everything under `paths`. Raises InputError when nothing at all could be used."""
+def collect(paths: list[Path], *, extra: frozenset[tuple[str, int]] = frozenset()) -> Inputs:
+    """Read everything under `paths`. Raises InputError when nothing at all could be used.
+
+    `extra`: (channel, seq) of ops to keep even where the window of a host dir's own records would drop them
+    (hostdir.needed_keys)."""
     readers = _load_readers()
     results: list[ReadResult] = []
     skipped: list[Skipped] = []
     hosts: list[HostRun] = []
     files: list[Path] = []
+    window = hostdir.Window(hostdir.rows_per_rank([hd for p in paths if p.is_dir() for hd in _host_dirs(p)]), extra)
     for p in paths:
         if not p.exists():
             raise InputError(f"{p}: no such file or directory")
         if p.is_file():
             files.append(p)
             continue
-        host_dirs = [p] if _is_host_dir(p) else sorted(d for d in p.iterdir() if _is_host_dir(d))
+        host_dirs = _host_dirs(p)
         for hd in host_dirs:
-            hosts.append(_read_host_dir(hd, results, skipped, files))
+            hosts.append(_read_host_dir(hd, results, skipped, files, window))
         if not host_dirs:
             files.extend(_walk(p))
     formats: dict[str, list[str]] = {}
@@ -109,9 +114,15 @@ def collect(paths: list[Path]) -> Inputs:
         hosts=hosts,
         world_size=max((r.world_size for r in results if r.world_size), default=None),
         reads=reads,
+        paths=list(paths),
+        window=window if hosts else None,
     )
     _fill_ranks(inputs)
     return inputs
+
+
+def _host_dirs(p: Path) -> list[Path]:
+    return [p] if _is_host_dir(p) else sorted(d for d in p.iterdir() if _is_host_dir(d))
 
 
 def _walk(root: Path) -> list[Path]:
@@ -205,7 +216,8 @@ def _looks_binary(head: bytes) -> bool:
     return ctrl > 0.1 * min(len(data), 8192)
 
 
-def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], files: list[Path]) -> HostRun:
+def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], files: list[Path],
+                   window: hostdir.Window) -> HostRun:
     """A ranktrace host directory: events.arrow (or the rings, for a live or unfinalized job), plus dumps/ and nccl/."""
     meta: dict[str, Any] | None = None
     mp = hd / "meta.json"
@@ -220,27 +232,7 @@ def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], 
     else:
         skipped.append(Skipped(str(mp), None, "missing meta.json; job status unknown"))
     host = hd.name
-    used_arrow = False
-    ev = hd / "events.arrow"
-    if ev.exists():
-        try:
-            with pa.memory_map(str(ev)) as src:
-                table = ipc.open_file(src).read_all()
-            if table.schema.metadata and table.schema.metadata.get(b"schema", b"").startswith(b"ranktrace.events/"):
-                results.append(ReadResult(file=str(ev), format="ranktrace_events", events=table.cast(schema.EVENTS)))
-                used_arrow = True
-            else:
-                skipped.append(Skipped(str(ev), None, "events.arrow without a ranktrace schema; using rings"))
-        except (OSError, pa.ArrowInvalid) as e:
-            skipped.append(Skipped(str(ev), None, f"unreadable events.arrow ({e}); using the rings instead"))
-    if not used_arrow:
-        from ranktrace.analyzers.readers import ranktrace_ring
-
-        for ring in sorted((hd / "rings").glob("*.ring")):
-            try:
-                results.append(ranktrace_ring.read(ring, host=host))
-            except ReaderError as e:
-                skipped.append(Skipped(str(ring), None, e.reason))
+    results.extend(hostdir.read_own(hd, host, window, skipped))  # events.arrow, else the rings; windowed at scale
     if (hd / "samples").is_dir() or (hd / "dumps").is_dir():
         # the monitor's periodic samples (stacks, /proc, GPU) and the RAS pairs its bursts saved; sampled stacks of
         # a job that completed cleanly are older than its end, so only their observations are kept then

@@ -9,10 +9,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ranktrace.analyzers import hoststate, schema, timeline, waitfor
+from ranktrace.analyzers import hostdir, hoststate, schema, timeline, waitfor
 from ranktrace.analyzers.model import JobStatus, Liveness, OpenSpan
 from ranktrace.analyzers.readers.ranktrace_ring import RING_WRAPPED
-from ranktrace.analyzers.sources import Inputs
+from ranktrace.analyzers.sources import Inputs, collect
 
 __all__ = ["Context", "build_context", "JobStatus"]
 
@@ -195,6 +195,12 @@ def build_context(inputs: Inputs, liveness: Liveness | None) -> Context:
     looked, so an unfinished run's state is unknown)."""
     events = schema.concat(schema.EVENTS, [inputs.events, _ras_events(inputs.observations)])
     ops = timeline.build_ops(events)
+    more = hostdir.needed_keys(ops, inputs.window)
+    if more:  # an op the wait-for graph compares lay outside the window of a rank's records: read them again with it
+        again = collect(inputs.paths, extra=inputs.window.extra | more)  # type: ignore[union-attr]
+        inputs.events, inputs.window = again.events, again.window
+        events = schema.concat(schema.EVENTS, [inputs.events, _ras_events(inputs.observations)])
+        ops = timeline.build_ops(events)
     group_ranks = _group_ranks(events)
     worlds = [w for w in (inputs.world_size,) if w]
     if events.num_rows and events["world"].null_count < events.num_rows:
