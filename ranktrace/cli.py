@@ -2,6 +2,7 @@
 writes to the terminal and maps outcomes to exit codes. Commands import what they use when they run."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -105,10 +106,18 @@ class _RunCommand(click.Command):
 @click.option("--perfetto", type=click.Path(path_type=Path), default=None,
               help="Also write the run's timeline as Chrome-trace JSON (open in ui.perfetto.dev) when it ends; an "
                    "existing file is refused before the job starts.")
+@click.option("--run-id", default=None,
+              help="One run across hosts: every node's trace run with this id writes into one run folder "
+                   "(traces/<id>/<host>/, or -o). Default: RANKTRACE_RUN_ID, else the launcher's job id (Slurm, "
+                   "torchrun --rdzv-id, a Kubernetes JobSet / PyTorchJob).")
+@click.option("--host-label", default=None,
+              help="Name this host's directory (default hostname + boot id; env RANKTRACE_HOST): for several "
+                   "trace run of one run on one machine.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll: bool, analyze: bool,
         hang_after: float, startup_hang_after: float, on_hang: str, native_stacks: bool, monitor: bool,
-        hook_targets: tuple[str, ...], perfetto: Path | None, command: tuple[str, ...]) -> None:
+        hook_targets: tuple[str, ...], perfetto: Path | None, run_id: str | None, host_label: str | None,
+        command: tuple[str, ...]) -> None:
     """Run COMMAND with every rank traced: trace run [OPTIONS] -- CMD ARGS...
 
     Options end at `--` or at the first word that is not an option; from there on everything is the command's."""
@@ -120,8 +129,14 @@ def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll
     if perfetto is not None and perfetto.exists():  # nothing a user has is ever overwritten: said before the job
         _err(f"{perfetto} exists: not overwritten (choose another path)")
         sys.exit(EXIT_USAGE)
+    from ranktrace.tracer.launch import runid
+
+    try:
+        label = runid.host_label(host_label, os.environ)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--host-label") from None
     opts = launcher.RunOptions(command=tuple(command), out=output, name=name, nccl_debug=nccl_debug,
-                               nccl_coll=nccl_coll, hooks=hook_targets)
+                               nccl_coll=nccl_coll, hooks=hook_targets, run_id=run_id, host_label=label)
     mon = MonitorOptions(hang_after=hang_after, startup_hang_after=max(startup_hang_after, hang_after),
                          on_hang=on_hang, native_stacks=native_stacks) if monitor else None
     try:

@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 from ranktrace.tracer.launch import envplan
 from ranktrace.tracer.launch import hostinfo
 from ranktrace.tracer.launch import meta
+from ranktrace.tracer.launch import runid
 from ranktrace.tracer.watch.monitor import Monitor, MonitorOptions
 from ranktrace.tracer.watch.presenter import Presenter
 from ranktrace.tracer.watch.statusline import StatusLine
@@ -57,6 +58,8 @@ class RunOptions:
     nccl_coll: bool = False
     base_dir: Path = Path("traces")
     hooks: tuple[str, ...] = ()   # --hook MODULE:QUALNAME[=category], validated by the CLI
+    run_id: str | None = None     # --run-id: one run across hosts (else the launcher's job id, launch/runid.py)
+    host_label: str | None = None  # --host-label: this host's directory name (else hostname + boot id)
 
 
 @dataclass
@@ -102,7 +105,11 @@ def check_command(command: Sequence[str]) -> str:
 
 
 def prepare_run_dir(opts: RunOptions) -> tuple[Path, Path]:
-    """Create ``<run>/<host>/`` (never reusing a non-empty run dir). Raises LaunchError before anything exists."""
+    """Create ``<run>/<host>/`` (never reusing a non-empty run dir; a run with a run id joins its run dir, each
+    host in its own directory). Raises LaunchError before anything exists."""
+    rid = runid.find_run_id(opts.run_id, os.environ, opts.command)
+    if rid is not None:
+        return _prepare_shared_run_dir(opts, rid)
     if opts.out is not None:
         run_dir = opts.out
         if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
@@ -125,7 +132,7 @@ def prepare_run_dir(opts: RunOptions) -> tuple[Path, Path]:
         raise LaunchError(f"output directory {run_dir}: only {free >> 20} MiB free on {probe_from}, need 64 MiB")
     created = not run_dir.exists()
     try:
-        host_dir = run_dir / hostinfo.host_key()
+        host_dir = run_dir / (opts.host_label or hostinfo.host_key())
         for sub in ("rings", "nccl"):
             (host_dir / sub).mkdir(parents=True, exist_ok=True)
         probe = host_dir / ".write-probe"
@@ -134,6 +141,37 @@ def prepare_run_dir(opts: RunOptions) -> tuple[Path, Path]:
     except OSError as e:
         if created:
             shutil.rmtree(run_dir, ignore_errors=True)
+        raise LaunchError(f"output directory {run_dir}: {e.strerror or e}") from e
+    return run_dir, host_dir
+
+
+def _prepare_shared_run_dir(opts: RunOptions, rid: runid.RunId) -> tuple[Path, Path]:
+    """``<run>/<host>/`` of a run that spans hosts: the run dir is joined (made by whichever node comes first), this
+    host's directory claimed in it; the same checks as a run of its own, and nothing of another host touched."""
+    first = opts.out if opts.out is not None else opts.base_dir / rid.dir_name
+    probe_from = first
+    while not probe_from.exists():
+        probe_from = probe_from.parent
+    if not os.access(probe_from, os.W_OK | os.X_OK):
+        raise LaunchError(f"output directory {first}: {probe_from} is not writable")
+    free = shutil.disk_usage(probe_from).free
+    if free < MIN_FREE_BYTES:
+        raise LaunchError(f"output directory {first}: only {free >> 20} MiB free on {probe_from}, need 64 MiB")
+    try:
+        run_dir, host_dir = runid.claim_run_dir(first, opts.host_label or hostinfo.host_key(), rid,
+                                                exact=opts.out is not None)
+    except runid.RunDirError as e:
+        raise LaunchError(str(e)) from None
+    except OSError as e:
+        raise LaunchError(f"output directory {first}: {e.strerror or e}") from e
+    try:
+        for sub in ("rings", "nccl"):
+            (host_dir / sub).mkdir(parents=True, exist_ok=True)
+        probe = host_dir / ".write-probe"
+        probe.write_bytes(b"x" * 4096)
+        probe.unlink()
+    except OSError as e:
+        shutil.rmtree(host_dir, ignore_errors=True)  # ours alone: the run dir may hold other hosts already
         raise LaunchError(f"output directory {run_dir}: {e.strerror or e}") from e
     return run_dir, host_dir
 
@@ -217,6 +255,7 @@ def _prepare(opts: RunOptions) -> tuple[Path, Path, envplan.EnvPlan]:
     plan = envplan.plan_environment(os.environ, host_dir, nccl_debug=opts.nccl_debug, nccl_coll=opts.nccl_coll,
                                     hooks=opts.hooks)
     m = meta.initial_meta(opts.command, os.environ, plan.added, host_dir.name, run_dir.name)
+    m.update(runid.meta_fields(runid.find_run_id(opts.run_id, os.environ, opts.command), opts.host_label))
     meta.write_meta(host_dir, m)
     return run_dir, host_dir, plan
 
@@ -402,6 +441,7 @@ def _record_exit(host_dir: Path, returncode: int, job: _Job, gpu: hostinfo.GpuIn
                   "killed_on_hang": bool(job.killed)},
             gpus=gpu.gpus if gpu else [],
             driver={"version": gpu.driver, "cuda": gpu.cuda_driver} if gpu else None,
+            clock_end=hostinfo.clock_pair(),
         )
     except (OSError, ValueError) as e:  # trace dir deleted or damaged under us: the job's status still counts
         log(f"could not update {host_dir / 'meta.json'}: {e}")
