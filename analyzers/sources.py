@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ranktrace.analyzers import hostdir, schema
+from ranktrace.analyzers import archives, hostdir, schema
 from ranktrace.analyzers.model import HostRun
 from ranktrace.analyzers.readers.base import ReaderError, ReadResult, Skipped
 
@@ -76,6 +76,7 @@ def collect(paths: list[Path], *, extra: frozenset[tuple[str, int]] = frozenset(
 
     `extra`: (channel, seq) of ops to keep even where the window of a host dir's own records would drop them
     (hostdir.needed_keys)."""
+    paths = archives.expand(paths)  # tar archives (a host dir packed where it ran) read as what they hold
     readers = _load_readers()
     results: list[ReadResult] = []
     skipped: list[Skipped] = []

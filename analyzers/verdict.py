@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = ["SCHEMA", "STATUSES", "KINDS", "Evidence", "Finding", "Operation", "WaitEdge", "RankState", "Verdict",
-           "InputSummary",
+           "InputSummary", "HostSummary",
            "compact_ranks", "operation_text"]
 
 SCHEMA = "ranktrace.verdict/1"
@@ -69,6 +69,20 @@ class RankState:
     last_op: str | None = None
     pids: tuple[int, ...] = ()
     where: str | None = None  # innermost frame of the program itself (not stdlib, torch or ranktrace)
+    host: str | None = None   # the host it ran on, when the run spans hosts (left out of the JSON otherwise)
+
+
+@dataclass(frozen=True)
+class HostSummary:
+    """One host of a run that spans hosts: its ranks, and its clock against the reference host's (analyzers.clocks:
+    offset and +- error in ns; basis reference | collectives | approximate | none, from `clock_ops` collectives)."""
+
+    host: str
+    ranks: tuple[int, ...] = ()
+    clock_offset_ns: int | None = None
+    clock_error_ns: int | None = None
+    clock_basis: str = "none"
+    clock_ops: int = 0
 
 
 @dataclass(frozen=True)
@@ -112,6 +126,7 @@ class Verdict:
     stack_tree: str = ""     # merged STAT-style tree, rendered (text)
     inputs: tuple[str, ...] = ()
     input_reads: tuple[InputSummary, ...] = ()
+    hosts: tuple[HostSummary, ...] = ()   # a run across hosts (in the JSON only then)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -142,12 +157,12 @@ class Verdict:
                 for f in self.findings
             ],
             "next_steps": list(self.next_steps),
-            "ranks": {str(r): {**asdict(s), "stack": list(s.stack), "pids": list(s.pids)}
-                      for r, s in sorted(self.ranks.items())},
+            "ranks": {str(r): _rank_dict(s) for r, s in sorted(self.ranks.items())},
             "stack_tree": self.stack_tree,
             "inputs": list(self.inputs),
             "input_reads": [{**asdict(i), "recognised": list(i.recognised), "ranks": list(i.ranks)}
                             for i in self.input_reads],
+            **({"hosts": [{**asdict(h), "ranks": list(h.ranks)} for h in self.hosts]} if self.hosts else {}),
         }
 
     @classmethod
@@ -176,7 +191,15 @@ class Verdict:
             world_size=d.get("world_size"), stack_tree=d.get("stack_tree", ""), inputs=tuple(d.get("inputs", ())),
             input_reads=tuple(InputSummary(**{**i, "recognised": tuple(i.get("recognised", ())),
                                               "ranks": tuple(i.get("ranks", ()))}) for i in d.get("input_reads", ())),
+            hosts=tuple(HostSummary(**{**h, "ranks": tuple(h.get("ranks", ()))}) for h in d.get("hosts", ())),
         )
+
+
+def _rank_dict(s: RankState) -> dict[str, Any]:
+    d = {**asdict(s), "stack": list(s.stack), "pids": list(s.pids)}
+    if d["host"] is None:  # one host: the JSON as it was before runs spanned hosts
+        del d["host"]
+    return d
 
 
 def compact_ranks(ranks: "list[int] | tuple[int, ...] | set[int]") -> str:

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ranktrace.analyzers import hostdir, hoststate, schema, timeline, waitfor
+from ranktrace.analyzers import clocks, hostdir, hosts, hoststate, schema, timeline, waitfor
 from ranktrace.analyzers.model import JobStatus, Liveness, OpenSpan
 from ranktrace.analyzers.readers.ranktrace_ring import RING_WRAPPED
 from ranktrace.analyzers.sources import Inputs, collect
@@ -35,6 +35,8 @@ class Context:
     rank_pids: dict[int, tuple[int, ...]] = field(default_factory=dict)
     unranked_pids: tuple[int, ...] = ()   # traced processes that imported torch.distributed but never got a rank
     anon_stacks: list[hoststate.RankStack] = field(default_factory=list)  # processes dumped with no rank at all
+    rank_hosts: dict[int, str] = field(default_factory=dict)   # a run across hosts: rank -> host (analyzers.hosts)
+    host_clocks: dict[str, clocks.HostClock] = field(default_factory=dict)  # host dir name -> its clock
 
     def open_by_rank(self) -> dict[int, OpenSpan]:
         """Innermost (latest) open span per rank, preferring the rank's main process."""
@@ -194,12 +196,18 @@ def build_context(inputs: Inputs, liveness: Liveness | None) -> Context:
     """Everything the rules need, once. `liveness`: which processes the capture side saw alive (None: nobody
     looked, so an unfinished run's state is unknown)."""
     events = schema.concat(schema.EVENTS, [inputs.events, _ras_events(inputs.observations)])
+    host_clocks = clocks.estimate(events)  # a run across hosts: every wall time on one clock (none for one host)
+    if host_clocks:
+        events = clocks.align(events, host_clocks)
+        inputs.stacks = clocks.align(inputs.stacks, host_clocks)
+        inputs.observations = clocks.align(inputs.observations, host_clocks)
     ops = timeline.build_ops(events)
     more = hostdir.needed_keys(ops, inputs.window)
     if more:  # an op the wait-for graph compares lay outside the window of a rank's records: read them again with it
         again = collect(inputs.paths, extra=inputs.window.extra | more)  # type: ignore[union-attr]
         inputs.events, inputs.window = again.events, again.window
-        events = schema.concat(schema.EVENTS, [inputs.events, _ras_events(inputs.observations)])
+        events = clocks.align(schema.concat(schema.EVENTS, [inputs.events, _ras_events(inputs.observations)]),
+                              host_clocks)
         ops = timeline.build_ops(events)
     group_ranks = _group_ranks(events)
     worlds = [w for w in (inputs.world_size,) if w]
@@ -253,4 +261,5 @@ def build_context(inputs: Inputs, liveness: Liveness | None) -> Context:
         stacks=stacks, host_states=host_states, phases=timeline.last_phase(events), job=job, open_rows=open_rows,
         rank_pids={r: tuple(sorted(p)) for r, p in rank_pids.items()}, unranked_pids=tuple(sorted(unranked)),
         anon_stacks=hoststate.unranked_stacks(inputs.stacks) if not stacks else [],
+        rank_hosts=hosts.rank_hosts(inputs.hosts, events), host_clocks=host_clocks,
     )
