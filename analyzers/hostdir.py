@@ -24,7 +24,7 @@ from ranktrace.analyzers import schema
 from ranktrace.analyzers.readers.base import ReadResult, Skipped
 from ranktrace.analyzers.readers.ranktrace_ring.rank_rings import read_host_rings
 from ranktrace.analyzers.readers.ranktrace_ring.window import (CATEGORY_CODES, KIND_CODES, NO_COMPLETION_SOURCES,
-                                                               SENDS, Records, select)
+                                                               SENDS, Records, labels_before, select)
 
 __all__ = ["Window", "read_own", "rows_per_rank", "needed_keys", "ROWS_ENV"]
 
@@ -39,9 +39,16 @@ class Window:
 
     rows: int
     extra: frozenset[tuple[str, int]] = frozenset()
+    labels: bool = False  # also what each rank ran before its window (for departures from the majority)
     dropped: dict[str, tuple[int, int]] = field(default_factory=dict)   # channel -> lowest, highest seq dropped
     records: int = 0      # op-slot records read
     kept: int = 0         # of them kept
+    prefixes: dict[int, tuple[np.ndarray, list[str], int]] = field(default_factory=dict)  # window.labels_before
+
+    @property
+    def cut(self) -> bool:
+        """Whether any record was left out."""
+        return self.kept < self.records
 
     def note(self, dropped: dict[str, tuple[int, int]], records: int, kept: int) -> None:
         for chan, (lo, hi) in dropped.items():
@@ -78,8 +85,9 @@ def read_own(hd: Path, host: str, window: Window, skipped: list[Skipped]) -> lis
         except (OSError, pa.ArrowInvalid) as e:
             skipped.append(Skipped(str(ev), None, f"unreadable events.arrow ({e}); using the rings instead"))
     rings = sorted((hd / "rings").glob("*.ring"))
-    got_rings = read_host_rings(rings, host, window.rows, window.extra)
+    got_rings = read_host_rings(rings, host, window.rows, window.extra, window.labels)
     window.note(got_rings.dropped, got_rings.records, got_rings.kept)
+    window.prefixes.update(got_rings.prefixes)
     skipped.extend(got_rings.skipped)
     return got_rings.results
 
@@ -130,10 +138,12 @@ def _select_file(ev: Path, rank: np.ndarray, window: Window) -> tuple[np.ndarray
         with pa.memory_map(str(ev)) as src:  # mapped for this rank only
             table = ipc.open_file(src).read_all()
             part = pa.concat_tables([table.slice(a, b - a) for a, b in spans])
-            rec = _records(part)
+            rec = _records(part, window.labels)
             del table, part
         sel = select(rec, window.rows, window.extra)
         kept.append(rows[sel.keep])
+        if window.labels:
+            window.prefixes.update(labels_before(rec, sel.keep))
         for chan, (lo, hi) in sel.dropped.items():
             old = dropped.get(chan)
             dropped[chan] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
@@ -181,9 +191,16 @@ def _codes(col: pa.ChunkedArray, table: dict[str, int] | None = None) -> tuple[n
     return (np.concatenate(out) if out else np.zeros(0, dtype=np.int64)), list(found)
 
 
-def _records(t: pa.Table) -> Records:
-    """The window's columns from EVENTS rows (dictionary-encoded, as events.arrow holds them, or plain)."""
+def _records(t: pa.Table, labels: bool = False) -> Records:
+    """The window's columns from EVENTS rows (dictionary-encoded, as events.arrow holds them, or plain); `labels`:
+    names and call sites too."""
     n = t.num_rows
+    named: dict[str, object] = {}
+    if labels:
+        name, names = _codes(t["name"])
+        site, sites = _codes(t["callsite"])
+        strings = names + sites
+        named = {"name": name, "callsite": np.where(site >= 0, site + len(names), -1), "strings": strings}
     kind, _ = _codes(t["kind"], KIND_CODES)
     category, _ = _codes(t["category"], CATEGORY_CODES)
     group, groups = _codes(t["group"])
@@ -211,6 +228,7 @@ def _records(t: pa.Table) -> Records:
         no_completion=no_completion, source_valid=source_valid, async_op=_bools(t["async_op"]),
         t=_ints(t["t_ns"], 0), t_valid=_valid(t["t_ns"]), span=_ints(t["span_id"], 0), proc=proc,
         keep=(line < 0) | (kind == KIND_CODES["error"]) | (kind == KIND_CODES["mark"]) | _valid(t["error"]) | carriers,
+        **named,  # type: ignore[arg-type]
     )
 
 

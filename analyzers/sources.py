@@ -71,18 +71,19 @@ def _is_host_dir(p: Path) -> bool:
     return p.is_dir() and ((p / "meta.json").exists() or (p / "rings").is_dir() or (p / "events.arrow").exists())
 
 
-def collect(paths: list[Path], *, extra: frozenset[tuple[str, int]] = frozenset()) -> Inputs:
+def collect(paths: list[Path], *, extra: frozenset[tuple[str, int]] = frozenset(), labels: bool = False) -> Inputs:
     """Read everything under `paths`. Raises InputError when nothing at all could be used.
 
     `extra`: (channel, seq) of ops to keep even where the window of a host dir's own records would drop them
-    (hostdir.needed_keys)."""
+    (hostdir.needed_keys); `labels`: also what each rank ran before its window (hostdir.Window.prefixes)."""
     paths = archives.expand(paths)  # tar archives (a host dir packed where it ran) read as what they hold
     readers = _load_readers()
     results: list[ReadResult] = []
     skipped: list[Skipped] = []
     hosts: list[HostRun] = []
     files: list[Path] = []
-    window = hostdir.Window(hostdir.rows_per_rank([hd for p in paths if p.is_dir() for hd in _host_dirs(p)]), extra)
+    window = hostdir.Window(hostdir.rows_per_rank([hd for p in paths if p.is_dir() for hd in _host_dirs(p)]), extra,
+                            labels)
     for p in paths:
         if not p.exists():
             raise InputError(f"{p}: no such file or directory")

@@ -73,28 +73,57 @@ class Context:
         labels = enc.chunk(0).dictionary.to_pylist() if enc.num_chunks else []
         code = np.asarray(pa.chunked_array([c.indices for c in enc.chunks], pa.int32()).to_numpy(), dtype=np.int64)
         rank = np.asarray(ops["rank"].to_numpy(), dtype=np.int64)
-        starts = np.flatnonzero(np.concatenate(([True], rank[1:] != rank[:-1])))  # ranks are sorted
-        length = np.diff(np.append(starts, len(rank)))
-        pos = np.arange(len(rank)) - np.repeat(starts, length)  # position in the rank's own sequence
-        # how many ranks ran each label at each position; the majority needs more than half of those there
-        pair, counts = np.unique(pos * len(labels) + code, return_counts=True)
-        pair_pos, pair_code = pair // len(labels), pair % len(labels)
-        reached = np.bincount(pos)
-        best = np.zeros(len(reached), dtype=np.int64)
-        np.maximum.at(best, pair_pos, counts)
-        win = (counts == best[pair_pos]) & (counts * 2 > reached[pair_pos])
-        majority = np.full(len(reached), -1, dtype=np.int64)
-        majority[pair_pos[win]] = pair_code[win]
-        off = np.where(code != majority[pos], pos, len(reached))
-        first_off = np.minimum.reduceat(off, starts)
-        out: dict[int, waitfor.Departure] = {}
-        for r, start, p in zip(rank[starts].tolist(), starts.tolist(), first_off.tolist()):
-            if p >= len(reached):
-                out[r] = waitfor.Departure(r, None, None, None)
-            else:
-                m = int(majority[p])
-                out[r] = waitfor.Departure(r, p, labels[int(code[start + p])], labels[m] if m >= 0 else None)
-        return out
+        window = self.inputs.window
+        if window is not None and window.cut:  # ranks' earlier ops were left out of the window: read them again
+            rank, code, labels = _with_earlier_ops(rank, code, labels, collect(
+                self.inputs.paths, extra=window.extra, labels=True).window)
+        return _majority_departures(rank, code, labels)
+
+
+def _with_earlier_ops(rank: np.ndarray, code: np.ndarray, labels: list[str],
+                      window: Any) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Each rank's full sequence: what it ran before its window (hostdir.Window.prefixes: codes into a table of
+    their own, and how many of its kept ops are among them) followed by its kept ops from there on."""
+    table = {x: i for i, x in enumerate(labels)}
+    ranks, codes = [], []
+    starts = np.flatnonzero(np.concatenate(([True], rank[1:] != rank[:-1])))
+    for a, b in zip(starts.tolist(), np.append(starts[1:], len(rank)).tolist()):
+        r = int(rank[a])
+        mine = code[a:b]
+        got = window.prefixes.get(r) if window is not None else None
+        if got is not None:
+            pcodes, ptable, n_kept = got
+            remap = np.array([table.setdefault(x, len(table)) for x in ptable], dtype=np.int64)
+            mine = np.concatenate([remap[pcodes], mine[n_kept:]])
+        ranks.append(np.full(len(mine), r, dtype=np.int64))
+        codes.append(mine)
+    return np.concatenate(ranks), np.concatenate(codes), list(table)
+
+
+def _majority_departures(rank: np.ndarray, code: np.ndarray, labels: list[str]) -> dict[int, waitfor.Departure]:
+    """Context.departures' counting, on (rank, label code) per op, ranks sorted and each rank's ops in order."""
+    starts = np.flatnonzero(np.concatenate(([True], rank[1:] != rank[:-1])))  # ranks are sorted
+    length = np.diff(np.append(starts, len(rank)))
+    pos = np.arange(len(rank)) - np.repeat(starts, length)  # position in the rank's own sequence
+    # how many ranks ran each label at each position; the majority needs more than half of those there
+    pair, counts = np.unique(pos * len(labels) + code, return_counts=True)
+    pair_pos, pair_code = pair // len(labels), pair % len(labels)
+    reached = np.bincount(pos)
+    best = np.zeros(len(reached), dtype=np.int64)
+    np.maximum.at(best, pair_pos, counts)
+    win = (counts == best[pair_pos]) & (counts * 2 > reached[pair_pos])
+    majority = np.full(len(reached), -1, dtype=np.int64)
+    majority[pair_pos[win]] = pair_code[win]
+    off = np.where(code != majority[pos], pos, len(reached))
+    first_off = np.minimum.reduceat(off, starts)
+    out: dict[int, waitfor.Departure] = {}
+    for r, start, p in zip(rank[starts].tolist(), starts.tolist(), first_off.tolist()):
+        if p >= len(reached):
+            out[r] = waitfor.Departure(r, None, None, None)
+        else:
+            m = int(majority[p])
+            out[r] = waitfor.Departure(r, p, labels[int(code[start + p])], labels[m] if m >= 0 else None)
+    return out
 
 
 def _ras_events(obs: pa.Table) -> pa.Table:

@@ -10,7 +10,7 @@ import numpy as np
 
 from ranktrace.analyzers.readers.base import ReadResult, Skipped
 from ranktrace.analyzers.readers.ranktrace_ring.events import identity_of, ring_to_events
-from ranktrace.analyzers.readers.ranktrace_ring.window import SENDS, Records, select
+from ranktrace.analyzers.readers.ranktrace_ring.window import SENDS, Records, labels_before, select
 from ranktrace.tracer import ringformat as rf
 from ranktrace.tracer.ringreader import SLOT_FIELDS, RingError, RingView
 
@@ -28,11 +28,13 @@ class HostRings:
     dropped: dict[str, tuple[int, int]] = field(default_factory=dict)   # channel -> (lowest, highest) seq dropped
     records: int = 0
     kept: int = 0
+    prefixes: dict[int, tuple[np.ndarray, list[str], int]] = field(default_factory=dict)  # window.labels_before
 
 
 def read_host_rings(rings: list[Path], host: str, rows: int,
-                    extra: frozenset[tuple[str, int]] = frozenset()) -> HostRings:
-    """Every ring under one host dir, each rank's rings through one window of `rows` latest records."""
+                    extra: frozenset[tuple[str, int]] = frozenset(), labels: bool = False) -> HostRings:
+    """Every ring under one host dir, each rank's rings through one window of `rows` latest records (`labels`: also
+    what each rank ran before its window, window.labels_before)."""
     out = HostRings()
     views: dict[Path, RingView] = {}
     try:
@@ -47,7 +49,7 @@ def read_host_rings(rings: list[Path], host: str, rows: int,
             by_rank.setdefault(rank if rank is not None else ("pid", ring), []).append(ring)
         tables: dict[Path, ReadResult] = {}
         for part in by_rank.values():
-            got = _read_rank([views[r] for r in part], part, host, rows, extra, out)
+            got = _read_rank([views[r] for r in part], part, host, rows, extra, out, labels)
             tables.update(got)
             for r in part:  # done with it: let its mapping go before the next rank's
                 views.pop(r).close()
@@ -59,10 +61,12 @@ def read_host_rings(rings: list[Path], host: str, rows: int,
 
 
 def _read_rank(views: list[RingView], paths: list[Path], host: str, rows: int,
-               extra: frozenset[tuple[str, int]], out: HostRings) -> dict[Path, ReadResult]:
-    rec, t_all = _records(views)
+               extra: frozenset[tuple[str, int]], out: HostRings, labels: bool = False) -> dict[Path, ReadResult]:
+    rec, t_all = _records(views, labels)
     total = rec.n
     keep = select(rec, rows, extra) if total > rows else None
+    if keep is not None and labels:
+        out.prefixes.update(labels_before(rec, keep.keep))
     if keep is not None:
         for chan, (lo, hi) in keep.dropped.items():
             old = out.dropped.get(chan)
@@ -106,20 +110,21 @@ def _read_rank(views: list[RingView], paths: list[Path], host: str, rows: int,
 
 # 8-byte words of a slot (ringformat.SLOT) the window reads: 1 t_ns, 2 tid|kind|category|flags, 3 name|group,
 # 5 shape|error, 6 peer|graph_id, 7 seq, 10 span_id
-_WORDS = (1, 2, 3, 5, 6, 7, 10)
+_WORDS = (1, 2, 3, 5, 6, 7, 10, 4)   # and 4 callsite|dtype, read only to tell what a rank ran
 _LOW32 = np.uint64(0xFFFFFFFF)
 
 
-def _records(views: list[RingView]) -> tuple[Records, list[np.ndarray]]:
+def _records(views: list[RingView], labels: bool = False) -> tuple[Records, list[np.ndarray]]:
     """The window's columns from each ring's slots, read as whole words in one pass (string ids mapped to one group
-    list for the rank; a group's backend from its group record)."""
+    list for the rank; a group's backend from its group record). `labels`: names and call sites too."""
     parts: list[dict[str, np.ndarray]] = []
     groups: dict[str, int] = {}
+    strings_of_rank: dict[str, int] = {}
     t_all = []
     for proc, view in enumerate(views):
         rc = view.contents
         n = len(view)
-        w = view.words(_WORDS)
+        w = view.words(_WORDS if labels else _WORDS[:-1])
         t = w[:, 0].view(np.int64)
         t = np.ascontiguousarray(t)
         t_all.append(t)
@@ -152,7 +157,16 @@ def _records(views: list[RingView]) -> tuple[Records, list[np.ndarray]]:
             keep[n - 1 - int(np.argmax(gid[::-1] == g))] = True
         rank = identity_of(rc).get("rank")
         ones = np.ones(n, dtype=bool)
+        if labels:
+            code = np.array([strings_of_rank.setdefault(x, len(strings_of_rank)) for x in strings], dtype=np.int64)
+            code[0] = -1  # id 0: none
+            name_id = np.minimum((w[:, 2] & _LOW32).astype(np.int64), max_id)
+            site_id = np.minimum((w[:, 7] & _LOW32).astype(np.int64), max_id)
+            named = {"name": code[name_id], "callsite": code[site_id]}
+        else:
+            named = {}
         parts.append({
+            **named,
             "rank": np.full(n, -1 if rank is None else int(rank), dtype=np.int64),
             "kind": kind, "category": category, "seq": np.ascontiguousarray(seq), "seq_valid": seq != rf.NONE_I64,
             "group": gcode[gid], "is_send": is_send, "name_valid": name_valid, "peer": peer,
@@ -167,4 +181,4 @@ def _records(views: list[RingView]) -> tuple[Records, list[np.ndarray]]:
     names = [""] * len(groups)
     for x, i in groups.items():
         names[i] = x
-    return Records(groups=names, **cat), t_all
+    return Records(groups=names, strings=list(strings_of_rank) if labels else None, **cat), t_all

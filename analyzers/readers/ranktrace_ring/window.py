@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Records", "Selection", "select", "SENDS", "KIND_CODES", "CATEGORY_CODES", "NO_COMPLETION_SOURCES",
+__all__ = ["Records", "Selection", "select", "labels_before", "SENDS", "KIND_CODES", "CATEGORY_CODES", "NO_COMPLETION_SOURCES",
            "BLOCKING_COMPLETE_BACKENDS"]
 
 # the same sets as analyzers.timeline (tests/test_window.py holds them equal)
@@ -43,6 +43,9 @@ class Records:
     span: np.ndarray          # int64, 0: none
     proc: np.ndarray          # int64: which process (file) of the rank wrote it
     keep: np.ndarray          # bool: kept whatever else (meta-region records, errors, marks, member carriers)
+    name: np.ndarray | None = None      # int64 index into `strings` (-1 null): only to tell what a rank ran
+    callsite: np.ndarray | None = None
+    strings: list[str] | None = None
 
     @property
     def n(self) -> int:
@@ -363,3 +366,44 @@ def _channels(rec: Records, rows: np.ndarray) -> tuple[np.ndarray, list[str]]:
     _, first, dense = np.unique(key, return_index=True, return_inverse=True)
     chan_names = [f"{base[gcode[i]]}|{src[i]}>{dst[i]}" if p2p[i] else base[gcode[i]] for i in first]
     return dense.astype(np.int64).ravel(), chan_names
+
+
+def labels_before(rec: Records, keep: np.ndarray) -> dict[int, tuple[np.ndarray, list[str], int]]:
+    """What each rank ran before the records it keeps, for telling where its sequence departs from the others'
+    (analyzers.diagnose.context.departures): per rank, its issued ops in issue order (enter time, then seq) up to
+    its last dropped one, as codes into a table of "name @ call site" labels, and how many ops of those were kept
+    anyway (pending, failed, ...: they come first among its kept ops in that order). `keep`: select's row mask.
+    Needs ``name``, ``callsite`` and ``strings``."""
+    is_op = (rec.category >= 0) & rec.seq_valid & (rec.rank >= 0)
+    if not is_op.any() or rec.name is None or rec.callsite is None or rec.strings is None:
+        return {}
+    ops = _Ops.of(rec, is_op, _open_enters(rec))
+    rows = ops.order
+    starts = np.flatnonzero(np.concatenate(([True], ops.op_of_sorted[1:] != ops.op_of_sorted[:-1])))
+    big = np.iinfo(np.int64).max
+
+    def first_valid(codes: np.ndarray) -> np.ndarray:
+        m = np.minimum.reduceat(np.where(codes[rows] >= 0, np.arange(rows.size), big), starts)
+        return np.where(m < big, codes[rows[np.minimum(m, rows.size - 1)]], -1)
+
+    width = len(rec.strings) + 1
+    pair = (first_valid(rec.name) + 1) * width + (first_valid(rec.callsite) + 1)
+    kept = keep[ops.first]
+    out: dict[int, tuple[np.ndarray, list[str], int]] = {}
+    issued = np.flatnonzero(ops.issued)
+    for r in np.unique(ops.rank[issued]):
+        mine = issued[ops.rank[issued] == r]
+        t = np.where(ops.has_enter_t[mine], ops.t_enter[mine], big)
+        order = mine[np.lexsort((ops.first[mine], ops.seq[mine], t))]
+        dropped = np.flatnonzero(~kept[order])
+        if dropped.size == 0:
+            continue
+        head = order[:int(dropped[-1]) + 1]
+        pairs, codes = np.unique(pair[head], return_inverse=True)
+        table = []
+        for p in pairs.tolist():
+            nm = rec.strings[p // width - 1] if p // width else None
+            cs = rec.strings[p % width - 1] if p % width else ""
+            table.append(f"{nm} @ {cs}" if cs else nm)
+        out[int(r)] = (codes.astype(np.int64).ravel(), table, int(np.count_nonzero(kept[head])))
+    return out
