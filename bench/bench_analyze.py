@@ -179,47 +179,62 @@ def _writer_main(ring: str, rank: int, world: int, pairs: int, open_last: bool, 
 
 
 class Writers:
-    """The writer processes: one process group, killed as a group on any exit of the bench."""
+    """The writer processes: one process group (led by an idle process that lives as long as the bench, so a group
+    to join exists whichever writers have finished), killed as a group on any exit of the bench."""
 
     def __init__(self) -> None:
-        self.pgid: int | None = None
         self.pids: list[int] = []
         self.hold_r, self.hold_w = os.pipe()
         self.done_r, self.done_w = os.pipe()
         self.codes: dict[int, int | None] = {}
+        parent = os.getpid()
+        leader = os.fork()
+        if leader == 0:  # the group's leader: waits for the bench to let go (EOF) or die
+            try:
+                os.setpgid(0, 0)
+                ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+                if os.getppid() == parent:
+                    os.close(self.hold_w)
+                    os.read(self.hold_r, 1)
+            finally:
+                os._exit(0)
+        try:
+            os.setpgid(leader, leader)
+        except OSError:
+            pass
+        self.pgid, self.leader = leader, leader
 
     def start(self, *args: Any, hold: bool) -> None:
         parent = os.getpid()
         pid = os.fork()
         if pid == 0:
             try:
-                os.setpgid(0, self.pgid or 0)
+                os.setpgid(0, self.pgid)
             except OSError:
                 os._exit(1)
             os.close(self.hold_w)
             os.close(self.done_r)
             _writer_main(*args, parent=parent, hold_fd=self.hold_r if hold else -1, done_fd=self.done_w)
         try:
-            os.setpgid(pid, self.pgid or pid)  # both sides set it: no race with the first kill
+            os.setpgid(pid, self.pgid)  # both sides set it: no race with the first kill
         except OSError:
             pass
-        if self.pgid is None:
-            self.pgid = pid
         self.pids.append(pid)
 
     def wait_done(self, n: int, timeout: float) -> None:
+        import select
+
         got, deadline = 0, time.monotonic() + timeout
         while got < n:
             if time.monotonic() > deadline:
                 raise SystemExit(f"writers: {got} of {n} finished within {timeout:.0f} s")
-            import select
-
             r, _, _ = select.select([self.done_r], [], [], 1.0)
             if r:
                 got += len(os.read(self.done_r, 4096))
             self.reap()
-            if any(code not in (0, None) for code in self.codes.values()):
-                raise SystemExit("a writer process failed")
+            failed = [p for p, code in self.codes.items() if code not in (0, None)]
+            if failed:
+                raise SystemExit(f"a writer process failed (pid {failed[0]}, status {self.codes[failed[0]]})")
 
     def reap(self) -> None:
         for pid in self.pids:
@@ -242,12 +257,11 @@ class Writers:
                 os.close(fd)
             except OSError:
                 pass
-        if self.pgid is not None:
-            try:
-                os.killpg(self.pgid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        for pid in self.pids:
+        try:
+            os.killpg(self.pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid in [self.leader, *self.pids]:
             try:
                 os.waitpid(pid, 0)
             except ChildProcessError:

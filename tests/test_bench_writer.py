@@ -38,3 +38,60 @@ def test_the_bench_trace_is_a_hang_the_analysis_names(tmp_path: Path) -> None:
                                "--modes", "live,fin", "--keep", str(tmp_path / "b")]) == 0
     assert sorted(d.name for d in (tmp_path / "b" / "live").iterdir()) == [bench_analyze.host_name(0),
                                                                         bench_analyze.host_name(1)]
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_bytes()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(b")") + 2:].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2:].split()[0] not in (b"Z", b"X")
+
+
+def test_writers_die_with_the_bench_even_when_it_is_killed(tmp_path: Path) -> None:
+    """SIGKILL leaves the bench no chance to clean up: its writers (held alive as a live job's ranks) and their
+    group's leader must go anyway (PR_SET_PDEATHSIG); SIGTERM is cleaned up by the bench itself."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from tests.helpers import PY, trace_env
+
+    for sig in (signal.SIGKILL, signal.SIGTERM):
+        keep = tmp_path / f"b{sig}"
+        proc = subprocess.Popen([PY, str(REPO / "bench" / "bench_analyze.py"), "--ranks", "4", "--events", "200000",
+                                 "--hold", "--modes", "live", "--repeat", "50", "--keep", str(keep)],
+                                env=trace_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            kids: list[int] = []
+            while time.monotonic() < deadline and len(kids) < 5:  # the group leader and 4 writers
+                kids = _children(proc.pid)
+                time.sleep(0.2)
+            assert len(kids) >= 5, kids
+            os.kill(proc.pid, sig)
+            proc.wait(timeout=60)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and any(_alive(k) for k in kids):
+                time.sleep(0.2)
+            assert not [k for k in kids if _alive(k)], f"writers outlived the bench ({signal.Signals(sig).name})"
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
