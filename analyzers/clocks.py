@@ -94,19 +94,22 @@ def _host_bases(ours: pa.Table) -> dict[str, int]:
     return dict(zip(agg["host"].to_pylist(), agg["d_min"].to_pylist()))
 
 
+def _host_codes(table: pa.Table, hosts: list[str]) -> np.ndarray:
+    """Per row: the index of its host in `hosts` (-1 for any other or none), one pass."""
+    idx = pc.index_in(table["host"], value_set=pa.array(hosts, pa.string()))
+    return np.asarray(pc.fill_null(idx, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
 def _rebased(table: pa.Table, base: dict[str, int]) -> pa.Table:
     """Our records' wall_ns as t_ns + their host's base (rows of other hosts, or without t_ns, as they were)."""
-    hosts = table["host"]
-    offset = np.zeros(table.num_rows, dtype=np.int64)
-    known = np.zeros(table.num_rows, dtype=bool)
-    for h, b in base.items():
-        m = np.asarray(pc.fill_null(pc.equal(hosts, h), False).to_numpy(zero_copy_only=False), dtype=bool)
-        offset[m] = b
-        known |= m
-    known &= np.asarray(pc.fill_null(pc.and_(pc.equal(table["source"], "events"), pc.is_valid(table["t_ns"])),
-                                     False).to_numpy(zero_copy_only=False), dtype=bool)
+    hosts = list(base)
+    code = _host_codes(table, hosts)
+    known = (code >= 0) & np.asarray(pc.fill_null(pc.and_(pc.equal(table["source"], "events"),
+                                                          pc.is_valid(table["t_ns"])), False)
+                                     .to_numpy(zero_copy_only=False), dtype=bool)
     if not known.any():
         return table
+    offset = np.append(np.array([base[h] for h in hosts], dtype=np.int64), 0)[code]
     wall = np.asarray(pc.fill_null(table["wall_ns"], 0).to_numpy(), dtype=np.int64)
     t = np.asarray(pc.fill_null(table["t_ns"], 0).to_numpy(), dtype=np.int64)
     new = np.where(known, t + offset, wall)
@@ -117,19 +120,13 @@ def _rebased(table: pa.Table, base: dict[str, int]) -> pa.Table:
 
 def _by_op(agg: pa.Table) -> dict[str, dict[tuple, tuple[int, int]]]:
     """host -> (group, seq) -> (latest enter, earliest exit), for ops with both."""
-    enter: dict[tuple, int] = {}
-    leave: dict[tuple, int] = {}
-    for h, g, s, k, lo, hi in zip(*(agg[c].to_pylist() for c in ("host", "group", "seq", "kind", "wall_ns_min",
-                                                                   "wall_ns_max"))):
-        if k == "enter":
-            enter[(h, g, s)] = hi
-        else:
-            leave[(h, g, s)] = lo
+    enters = agg.filter(pc.equal(agg["kind"], "enter")).select(["host", "group", "seq", "wall_ns_max"])
+    exits = agg.filter(pc.equal(agg["kind"], "exit")).select(["host", "group", "seq", "wall_ns_min"])
+    both = enters.join(exits, ["host", "group", "seq"], join_type="inner", use_threads=False)
     out: dict[str, dict[tuple, tuple[int, int]]] = {}
-    for key, e in enter.items():
-        x = leave.get(key)
-        if x is not None:
-            out.setdefault(key[0], {})[key[1:]] = (e, x)
+    cols = [both[c].to_pylist() for c in ("host", "group", "seq", "wall_ns_max", "wall_ns_min")]
+    for h, g, sq, e, x in zip(*cols):
+        out.setdefault(h, {})[(g, sq)] = (e, x)
     return out
 
 
@@ -161,10 +158,8 @@ def align(table: pa.Table, clocks: dict[str, HostClock]) -> pa.Table:
     shifts = {h: c.offset_ns for h, c in clocks.items() if c.offset_ns}
     if not shifts:
         return table
-    hosts = table["host"]
-    offset = np.zeros(table.num_rows, dtype=np.int64)
-    for h, d in shifts.items():
-        offset[np.asarray(pc.fill_null(pc.equal(hosts, h), False).to_numpy(zero_copy_only=False), dtype=bool)] = d
+    hosts = list(shifts)
+    offset = np.append(np.array([shifts[h] for h in hosts], dtype=np.int64), 0)[_host_codes(table, hosts)]
     col = table["wall_ns"]
     values = np.asarray(pc.fill_null(col, 0).to_numpy(), dtype=np.int64) - offset
     shifted = pa.array(values, col.type, mask=np.asarray(pc.is_null(col).to_numpy(zero_copy_only=False), dtype=bool)
