@@ -148,3 +148,17 @@ def test_all_ranks_blocked_in_a_queue_get(tmp_path: Path):
 
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+
+
+def test_a_window_of_one_record_per_rank_changes_no_verdict(verdicts, monkeypatch):
+    """Issue #19: at scale each rank's records are read through a window (its latest ones, and every op a rule reads
+    whatever its age). Cut to one record a rank, every scenario's verdict is still the one from all records."""
+    from ranktrace.analyzers import facade, hostdir
+
+    for fault, (v, _res) in verdicts.items():
+        host_dir = Path(next(i for i in v["inputs"] if Path(i).is_dir()))
+        monkeypatch.delenv(hostdir.ROWS_ENV, raising=False)
+        whole = facade.analyze([host_dir.parent], liveness=None).verdict.to_dict()
+        monkeypatch.setenv(hostdir.ROWS_ENV, "1")
+        cut = facade.analyze([host_dir.parent], liveness=None).verdict.to_dict()
+        assert cut == whole, fault

@@ -118,7 +118,8 @@ class RingView:
 
         if self._order is None:
             if self._avail:
-                self._arr = np.frombuffer(self._buf, dtype=slot_dtype(), count=self._avail, offset=self._ops_offset)
+                arr = np.frombuffer(self._buf, dtype=slot_dtype(), count=self._avail, offset=self._ops_offset)
+                self._arr = arr[:_written(arr["commit"])]
                 self._order = _commit_order(np.ascontiguousarray(self._arr["commit"]))
             else:
                 self._order = (np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.uint64), False)
@@ -152,7 +153,7 @@ class RingView:
 
         if not len(self) or self._arr is None:
             return np.zeros((0, len(which)), dtype=np.uint64)
-        w = self._arr.view(np.uint64).reshape(self._avail, SLOT_SIZE // 8)
+        w = self._arr.view(np.uint64).reshape(len(self._arr), SLOT_SIZE // 8)
         idx = self.index
         if int(idx[-1]) - int(idx[0]) + 1 == idx.size:  # one run in slot order
             return np.take(w[int(idx[0]):int(idx[-1]) + 1], which, axis=1)
@@ -191,6 +192,28 @@ class RingView:
             self._buf.close()
         except (BufferError, ValueError, AttributeError):
             pass
+
+
+def _written(commit: Any) -> int:
+    """How many slots from the start can hold records: all of them, or — for a ring that never wrapped — those up
+    to its last committed record (the rest of the file is never-written, sparse slots, not worth reading). Found
+    by bisection on the commit words (slot i of a first lap holds record i + 1) and then checked: the count must
+    match and the slots after must be empty (a record a dying thread had reserved but not committed stays empty)."""
+    n = len(commit)
+    if n == 0 or commit[n - 1] != 0:
+        return n
+    lo, hi = 0, n - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if commit[mid] != 0:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo and int(commit[lo - 1]) != lo:
+        return n
+    if commit[lo:min(n, lo + 4096)].any():
+        return n
+    return lo
 
 
 def _commit_order(commit: Any) -> tuple[Any, Any, bool]:
