@@ -24,9 +24,9 @@ from ranktrace.analyzers import schema
 from ranktrace.analyzers.readers.base import ReadResult, Skipped
 from ranktrace.analyzers.readers.ranktrace_ring.rank_rings import read_host_rings
 from ranktrace.analyzers.readers.ranktrace_ring.window import (CATEGORY_CODES, KIND_CODES, NO_COMPLETION_SOURCES,
-                                                               SENDS, Records, labels_before, select)
+                                                               SENDS, Records, channel_ranges, labels_before, select)
 
-__all__ = ["Window", "read_own", "rows_per_rank", "needed_keys", "ROWS_ENV"]
+__all__ = ["Window", "read_own", "rows_per_rank", "needed_keys", "ROWS_ENV", "EventsIndex", "INDEX_NAME"]
 
 ROWS_ENV = "RANKTRACE_WINDOW_ROWS"   # records kept per rank (tests set it small to check the window changes nothing)
 ROW_BUDGET = 600_000                 # decoded records kept for a whole run, shared out over its processes
@@ -94,18 +94,22 @@ def read_own(hd: Path, host: str, window: Window, skipped: list[Skipped]) -> lis
 
 def _read_events_arrow(ev: Path, window: Window) -> ReadResult | None:
     """events.arrow, memory-mapped: rank by rank through the window when it is larger than one, each rank's rows
-    mapped only while they are read (a file of a thousand ranks never counts whole in this process's memory)."""
+    mapped only while they are read (a file of a thousand ranks never counts whole in this process's memory). With
+    its index (written by finalize: INDEX_NAME) a rank's rows are its latest ones and those the index lists, never
+    all of them."""
     with pa.memory_map(str(ev)) as src:
         reader = ipc.open_file(src)
         meta = reader.schema.metadata
         if not (meta and meta.get(b"schema", b"").startswith(b"ranktrace.events/")):
             return None
         table = reader.read_all()  # zero-copy: only what is read below is touched
-        if table.num_rows <= window.rows:
+        n_rows = table.num_rows
+        if n_rows <= window.rows:
             return ReadResult(file=str(ev), format="ranktrace_events", events=table.cast(schema.EVENTS))
+        index = EventsIndex.read(ev.with_name(INDEX_NAME), n_rows) if not (window.extra or window.labels) else None
         rank = _ints(table["rank"], -1)
     del table
-    keep, dropped = _select_file(ev, rank, window)
+    keep, dropped = _select_file(ev, rank, window, index)
     window.note(dropped, int(rank.size), int(keep.size))
     with pa.memory_map(str(ev)) as src:
         reader = ipc.open_file(src)
@@ -121,7 +125,8 @@ def _read_events_arrow(ev: Path, window: Window) -> ReadResult | None:
     return ReadResult(file=str(ev), format="ranktrace_events", events=events)
 
 
-def _select_file(ev: Path, rank: np.ndarray, window: Window) -> tuple[np.ndarray, dict[str, tuple[int, int]]]:
+def _select_file(ev: Path, rank: np.ndarray, window: Window,
+                 index: "EventsIndex | None" = None) -> tuple[np.ndarray, dict[str, tuple[int, int]]]:
     """Rows of events.arrow to keep (ascending), rank by rank (a rank's rows are the runs of its rings)."""
     cuts = np.flatnonzero(rank[1:] != rank[:-1]) + 1
     starts, ends = np.concatenate(([0], cuts)), np.concatenate((cuts, [rank.size]))
@@ -135,19 +140,140 @@ def _select_file(ev: Path, rank: np.ndarray, window: Window) -> tuple[np.ndarray
         if r < 0 or rows.size <= window.rows:
             kept.append(rows)
             continue
+        unread: dict[str, tuple[int, int]] = {}
+        if index is not None and len(spans) == 1 and index.covers(r, spans[0]):
+            rows = index.rows_to_read(r, window.rows)  # its latest rows and the ones the index lists
+            unread = index.chans.get(r, {})
         with pa.memory_map(str(ev)) as src:  # mapped for this rank only
             table = ipc.open_file(src).read_all()
-            part = pa.concat_tables([table.slice(a, b - a) for a, b in spans])
+            if rows.size == sum(b - a for a, b in spans):
+                part = pa.concat_tables([table.slice(a, b - a) for a, b in spans])
+            else:
+                part = _take(table, rows)
             rec = _records(part, window.labels)
             del table, part
         sel = select(rec, window.rows, window.extra)
         kept.append(rows[sel.keep])
         if window.labels:
             window.prefixes.update(labels_before(rec, sel.keep))
-        for chan, (lo, hi) in sel.dropped.items():
+        gone = dict(sel.dropped)
+        if unread:  # through the index: the ops before the rows read were dropped too
+            read = channel_ranges(rec)
+            for chan, (lo, hi) in unread.items():
+                first = read.get(chan, (hi + 1, hi))[0]
+                if first > lo:
+                    a, b = gone.get(chan, (lo, first - 1))
+                    gone[chan] = (min(a, lo), max(b, first - 1))
+        for chan, (lo, hi) in gone.items():
             old = dropped.get(chan)
             dropped[chan] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
     return np.sort(np.concatenate(kept)), dropped
+
+
+def _take(table: pa.Table, rows: np.ndarray) -> pa.Table:
+    """`rows` (ascending) of a many-batch table, batch by batch (a take of the whole would join its batches)."""
+    pieces, start = [], 0
+    for batch in table.to_batches():
+        lo, hi = np.searchsorted(rows, [start, start + batch.num_rows])
+        if hi > lo:
+            pieces.append(batch.take(pa.array(rows[lo:hi] - start)))
+        start += batch.num_rows
+    return pa.Table.from_batches(pieces, table.schema)
+
+
+INDEX_NAME = "events.index.arrow"
+INDEX_SCHEMA = "ranktrace.events-index/1"
+MARGIN = 256   # rows read before a rank's window: the enters of ops its window starts in the middle of
+
+
+@dataclass
+class EventsIndex:
+    """What finalize knows of events.arrow that the window needs (INDEX_NAME beside it): per rank of one process its
+    rows [first, end) (time order, rows without a time last: `untimed` of them), the rows of every op and record
+    select keeps whatever its age (`needed`), and each channel's seq range. With it an analysis reads a rank's
+    latest rows and the listed ones, not the million before them."""
+
+    ranges: dict[int, tuple[int, int, int]] = field(default_factory=dict)   # rank -> (first, end, untimed)
+    needed: dict[int, np.ndarray] = field(default_factory=dict)
+    chans: dict[int, dict[str, tuple[int, int]]] = field(default_factory=dict)
+
+    def covers(self, rank: int, span: tuple[int, int]) -> bool:
+        got = self.ranges.get(rank)
+        return got is not None and (got[0], got[1]) == span
+
+    def rows_to_read(self, rank: int, rows: int) -> np.ndarray:
+        first, end, untimed = self.ranges[rank]
+        start = max(first, end - untimed - rows - MARGIN)
+        return np.union1d(np.arange(start, end), self.needed.get(rank, np.zeros(0, dtype=np.int64)))
+
+    @staticmethod
+    def of_ring(table: pa.Table, start: int) -> "tuple[int, tuple[int, int, int], np.ndarray, dict] | None":
+        """One ring's part (its table as written, starting at row `start` of the file): None when it cannot be
+        indexed (no rank; rows not in time order)."""
+        rank = _ints(table["rank"], -1)
+        if table.num_rows == 0 or rank[0] < 0 or not bool(np.all(rank == rank[0])):
+            return None
+        t = table["t_ns"]
+        untimed = int(t.null_count)
+        tv = _ints(t, 0)
+        timed = tv[:table.num_rows - untimed]
+        if untimed and bool(_valid(t)[table.num_rows - untimed:].any()) or bool(np.any(timed[1:] < timed[:-1])):
+            return None
+        rec = _records(table)
+        needed = np.flatnonzero(select(rec, 0).keep) + start
+        return int(rank[0]), (start, start + table.num_rows, untimed), needed, channel_ranges(rec)
+
+    @staticmethod
+    def write(path: Path, parts: list[tuple[int, tuple[int, int, int], np.ndarray, dict]], n_rows: int) -> None:
+        """The index of an events.arrow of `n_rows` rows; a rank of several processes is left out (read whole)."""
+        seen: dict[int, int] = {}
+        for rank, *_ in parts:
+            seen[rank] = seen.get(rank, 0) + 1
+        cols: dict[str, list] = {"rank": [], "kind": [], "a": [], "b": [], "c": [], "chan": []}
+
+        def add(rank: int, kind: str, a: int, b: int = 0, c: int = 0, chan: str | None = None) -> None:
+            for k, v in zip(cols, (rank, kind, a, b, c, chan)):
+                cols[k].append(v)
+
+        for rank, (first, end, untimed), needed, chans in parts:
+            if seen[rank] > 1:
+                continue
+            add(rank, "range", first, end, untimed)
+            for r in needed.tolist():
+                add(rank, "row", r)
+            for chan, (lo, hi) in chans.items():
+                add(rank, "chan", lo, hi, 0, chan)
+        table = pa.table({"rank": pa.array(cols["rank"], pa.int32()), "kind": pa.array(cols["kind"]),
+                          "a": pa.array(cols["a"], pa.int64()), "b": pa.array(cols["b"], pa.int64()),
+                          "c": pa.array(cols["c"], pa.int64()), "chan": pa.array(cols["chan"], pa.string())})
+        table = table.replace_schema_metadata({"schema": INDEX_SCHEMA, "rows": str(n_rows)})
+        tmp = path.with_name(path.name + ".tmp")
+        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        tmp.replace(path)
+
+    @classmethod
+    def read(cls, path: Path, n_rows: int) -> "EventsIndex | None":
+        """The index, if there is one for an events.arrow of `n_rows` rows (any doubt: None, the file is read)."""
+        try:
+            with pa.OSFile(str(path), "rb") as src:
+                table = ipc.open_file(src).read_all()
+        except (OSError, pa.ArrowInvalid):
+            return None
+        meta = table.schema.metadata or {}
+        if meta.get(b"schema") != INDEX_SCHEMA.encode() or meta.get(b"rows") != str(n_rows).encode():
+            return None
+        out = cls()
+        needed: dict[int, list[int]] = {}
+        for r, k, a, b, c, chan in zip(*(table[x].to_pylist() for x in ("rank", "kind", "a", "b", "c", "chan"))):
+            if k == "range":
+                out.ranges[r] = (a, b, c)
+            elif k == "row":
+                needed.setdefault(r, []).append(a)
+            elif k == "chan":
+                out.chans.setdefault(r, {})[chan] = (a, b)
+        out.needed = {r: np.asarray(v, dtype=np.int64) for r, v in needed.items()}
+        return out
 
 
 def _ints(col: Any, null: int) -> np.ndarray:

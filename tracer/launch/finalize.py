@@ -24,17 +24,30 @@ EVENTS_SCHEMA_VERSION = "ranktrace.events/1"
 def write_events(path: Path, table: pa.Table | Iterable[pa.Table]) -> None:
     """Arrow IPC *file* with the schema version in its metadata (self-describing); its string columns
     dictionary-encoded (ranktrace_ring.ENCODED: one growing dictionary per column, written as IPC dictionary deltas),
-    so a table per ring is written as it is read and a million-record ring costs ids, not strings."""
+    so a table per ring is written as it is read and a million-record ring costs ids, not strings. Beside it, its
+    index (hostdir.INDEX_NAME: each rank's rows and the ones an analysis keeps whatever their age), so a run of a
+    thousand ranks is analyzed without reading every row."""
+    from ranktrace.analyzers.hostdir import INDEX_NAME, EventsIndex
+
     tables = [table] if isinstance(table, pa.Table) else table
     target = ranktrace_ring.ENCODED.with_metadata({"schema": EVENTS_SCHEMA_VERSION})
     dicts = _Dictionaries(target)
     tmp = path.with_name(path.name + ".tmp")
     options = ipc.IpcWriteOptions(emit_dictionary_deltas=True)
+    parts, rows, indexable = [], 0, True
     with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, target, options=options) as writer:
         for t in tables:
             if t.num_rows:
+                part = EventsIndex.of_ring(t, rows) if indexable else None
+                if part is not None:
+                    parts.append(part)
                 writer.write_table(dicts.recode(t), max_chunksize=1 << 16)
+                rows += t.num_rows
+    index = path.with_name(INDEX_NAME)
+    index.unlink(missing_ok=True)  # never an index of an older events.arrow beside a new one
     tmp.replace(path)
+    if parts:
+        EventsIndex.write(index, parts, rows)
 
 
 class _Dictionaries:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Records", "Selection", "select", "labels_before", "SENDS", "KIND_CODES", "CATEGORY_CODES", "NO_COMPLETION_SOURCES",
+__all__ = ["Records", "Selection", "select", "labels_before", "channel_ranges", "SENDS", "KIND_CODES", "CATEGORY_CODES", "NO_COMPLETION_SOURCES",
            "BLOCKING_COMPLETE_BACKENDS"]
 
 # the same sets as analyzers.timeline (tests/test_window.py holds them equal)
@@ -171,6 +171,8 @@ def _select_one_rank(rec: Records, is_op: np.ndarray, open_enter: np.ndarray, cu
 def _time_cut(rec: Records, rows: int) -> np.ndarray:
     """Per record: the time from which its rank's latest `rows` records start (-inf-like: none dropped)."""
     low = np.iinfo(np.int64).min
+    if rows <= 0:  # no window at all: only what select keeps whatever its age (events.arrow's index)
+        return np.full(rec.n, np.iinfo(np.int64).max, dtype=np.int64)
     timed = rec.t_valid & (rec.rank >= 0)
     if int(np.count_nonzero(timed)) <= rows:
         return np.full(rec.n, low, dtype=np.int64)
@@ -406,4 +408,20 @@ def labels_before(rec: Records, keep: np.ndarray) -> dict[int, tuple[np.ndarray,
             cs = rec.strings[p % width - 1] if p % width else ""
             table.append(f"{nm} @ {cs}" if cs else nm)
         out[int(r)] = (codes.astype(np.int64).ravel(), table, int(np.count_nonzero(kept[head])))
+    return out
+
+
+def channel_ranges(rec: Records) -> dict[str, tuple[int, int]]:
+    """Per channel of `rec`'s ops: its lowest and highest seq (what a window over them could have dropped)."""
+    is_op = (rec.category >= 0) & rec.seq_valid & (rec.rank >= 0)
+    rows = np.flatnonzero(is_op)
+    if rows.size == 0:
+        return {}
+    chan, names = _channels(rec, rows)
+    seq = rec.seq[rows]
+    out = {}
+    for c, name in enumerate(names):
+        mine = seq[chan == c]
+        if mine.size:
+            out[name] = (int(mine.min()), int(mine.max()))
     return out
