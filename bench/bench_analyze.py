@@ -154,23 +154,33 @@ def _write_slots_numpy(rec: Any, total: int, pairs: int, tid: int, gids: list[in
 
 
 def _clock_run(rec: Any, n: int) -> Any:
-    """n readings of the recorder's clock: its real clock read once at each end, the ones between spread evenly
-    (the 1.2 us per record a real rank's loop takes)."""
+    """n readings of the recorder's clock: read once, the ones after it 1.2 us apart (a real rank's loop)."""
     import numpy as np
 
     t0 = rec.clock()
     return t0 + np.arange(n, dtype=np.int64) * 1200
 
 
+def _shared_clock(t0: int) -> Any:
+    """Every rank's clock for the numpy writer: one monotonic base for the whole job, 1.2 us a reading (the cost
+    of a real rank's loop), so the same collective happens at the same time on every rank, as in a real job (the
+    writers themselves run one after the other)."""
+    import itertools
+
+    ticks = itertools.count(t0, 1200)
+    return lambda: next(ticks)
+
+
 def _writer_main(ring: str, rank: int, world: int, pairs: int, open_last: bool, slots: int, writer: str,
-                 parent: int, hold_fd: int, done_fd: int) -> None:
+                 t0: int, parent: int, hold_fd: int, done_fd: int) -> None:
     """A writer process: die with the bench, write, say so, and (when held) wait for the bench to let go."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:  # the bench died before PDEATHSIG was armed
         os._exit(1)
     try:
-        write_rank(ring, rank, world, pairs, open_last, slots, writer)
+        write_rank(ring, rank, world, pairs, open_last, slots, writer,
+                   clock=_shared_clock(t0) if writer == "numpy" else None)
         os.write(done_fd, b"x")
         if hold_fd >= 0:
             os.read(hold_fd, 1)  # returns (EOF) when the bench closes its end, or the bench's death kills us
@@ -275,21 +285,22 @@ def generate(run_dir: Path, ranks: int, hosts: int, events: int, writer: str, jo
     pairs = events // 2  # the culprit writes pairs - 1 closed ops; every other rank one open enter more
     slots = 1 << max(10, (events + 16).bit_length())
     culprit = ranks - 1
-    t0 = time.perf_counter()
+    t0 = time.monotonic_ns()   # the job's shared clock base (numpy writer)
     started = 0
+    began = time.perf_counter()
     for r in range(ranks):
         hd = run_dir / host_name(r // per_host)
         (hd / "rings").mkdir(parents=True, exist_ok=True)
         while not hold and writers.running() >= jobs:
             time.sleep(0.005)
         writers.start(str(hd / "rings" / f"rank{r:05d}.ring"), r, ranks, pairs - 1, r != culprit, slots, writer,
-                      hold=hold)
+                      t0, hold=hold)
         started += 1
     writers.wait_done(started, timeout=3600)
     for ring in run_dir.glob("*/rings/rank*.ring"):  # named by pid, as a rank names its ring
         pid = _ring_pid(ring)
         ring.rename(ring.with_name(f"{pid}.ring"))
-    return ranks * 2 * (pairs - 1) + (ranks - 1), time.perf_counter() - t0
+    return ranks * 2 * (pairs - 1) + (ranks - 1), time.perf_counter() - began
 
 
 def _ring_pid(ring: Path) -> int:

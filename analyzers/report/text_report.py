@@ -109,7 +109,13 @@ def _hosts_line(v: Verdict) -> str:
 
 
 def _ms(ns: int | None) -> str:
-    return "?" if ns is None else f"{ns / 1e6:.3g} ms"
+    """A duration in the unit that reads best (ns, us, ms, s)."""
+    if ns is None:
+        return "?"
+    for unit, size in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
+        if abs(ns) >= size:
+            return f"{ns / size:.3g} {unit}"
+    return f"{ns} ns"
 
 
 def _inputs(con: Console, reads: Sequence[InputSummary], own_dirs: Sequence[str]) -> None:

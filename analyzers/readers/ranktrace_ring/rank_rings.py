@@ -2,6 +2,7 @@
 records matter are read from every slot, every field only of the records kept, and only those are decoded."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from ranktrace.tracer.ringreader import SLOT_FIELDS, RingError, RingView
 __all__ = ["HostRings", "read_host_rings"]
 
 _N_KINDS = len(rf.KINDS)   # ring kind codes are KIND_CODES (enter, exit, error, complete, mark); others -1
+THREADS = max(1, min(4, os.cpu_count() or 1))   # ranks read side by side
 
 
 @dataclass
@@ -48,11 +50,32 @@ def read_host_rings(rings: list[Path], host: str, rows: int,
             rank = identity_of(views[ring].contents).get("rank")
             by_rank.setdefault(rank if rank is not None else ("pid", ring), []).append(ring)
         tables: dict[Path, ReadResult] = {}
-        for part in by_rank.values():
-            got = _read_rank([views[r] for r in part], part, host, rows, extra, out, labels)
+
+        def one(part: list[Path]) -> tuple[dict[Path, ReadResult], HostRings]:
+            mine = HostRings()
+            try:
+                return _read_rank([views[r] for r in part], part, host, rows, extra, mine, labels), mine
+            finally:
+                for r in part:  # done with it: let its mapping go before the next rank's
+                    views[r].close()
+
+        parts = list(by_rank.values())
+        workers = min(THREADS, len(parts))
+        if workers > 1:  # ranks side by side: numpy and the page cache copies run outside the GIL
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(workers) as pool:
+                done = list(pool.map(one, parts))
+        else:
+            done = [one(p) for p in parts]
+        for got, mine in done:
             tables.update(got)
-            for r in part:  # done with it: let its mapping go before the next rank's
-                views.pop(r).close()
+            for chan, (lo, hi) in mine.dropped.items():
+                old = out.dropped.get(chan)
+                out.dropped[chan] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+            out.records += mine.records
+            out.kept += mine.kept
+            out.prefixes.update(mine.prefixes)
         out.results = [tables[r] for r in rings if r in tables]
     finally:
         for v in views.values():
