@@ -2,11 +2,13 @@
 ("rank 37 on node-4"), and ranks are grouped by host rather than listed one by one.
 
 A host is a ``<run>/<host>/`` directory of the run (its name: the --host-label, or hostname + boot id). It is shown
-by its label, or by its plain hostname when that alone tells the run's hosts apart. A rank's host is the directory
+by its label, or by its plain hostname when that alone tells the run's hosts apart. The directories of several trace
+runs on one machine (Slurm's one trace run per task: ``<host>.<localid>``) are one host. A rank's host is the directory
 its own records (ring or events.arrow rows) or meta.json's pid -> rank map came from.
 """
 from __future__ import annotations
 
+import re
 from typing import Iterable, Mapping
 
 import pyarrow as pa
@@ -19,20 +21,23 @@ __all__ = ["rank_hosts", "display_names", "where_text", "by_host"]
 
 
 def display_names(hosts: Iterable[HostRun]) -> dict[str, str]:
-    """Host dir name -> the name shown: its label, or its hostname when no two of the run's hosts share it."""
+    """Host dir name -> the name shown: its label, or its hostname when that tells the run's machines apart (the
+    directories of several trace runs on one machine — Slurm tasks, ``<host>.<task>`` — are one host)."""
     hosts = list(hosts)
-    plain: dict[str, str] = {}
+    plain: dict[str, tuple[str, str | None]] = {}
     for h in hosts:
         meta = h.meta or {}
         name = h.host_dir.name
         if meta.get("host_label"):
-            plain[name] = str(meta["host_label"])
+            plain[name] = (str(meta["host_label"]), None)
         elif meta.get("hostname") and name.startswith(f"{meta['hostname']}-"):
-            plain[name] = str(meta["hostname"])
+            plain[name] = (str(meta["hostname"]), str(meta.get("host_key") or re.sub(r"\.\d+$", "", name)))
         else:
-            plain[name] = name
-    shown = list(plain.values())
-    return {n: (p if shown.count(p) == 1 else n) for n, p in plain.items()}
+            plain[name] = (name, None)
+    machines: dict[str, set] = {}
+    for shown, key in plain.values():
+        machines.setdefault(shown, set()).add(key if key is not None else object())
+    return {n: (shown if len(machines[shown]) == 1 else n) for n, (shown, _key) in plain.items()}
 
 
 def rank_hosts(hosts: Iterable[HostRun], events: pa.Table) -> dict[int, str]:

@@ -53,6 +53,17 @@ def test_host_label_must_be_a_directory_name() -> None:
                 runid.host_label(bad, {})
 
 
+def test_slurm_tasks_of_one_node_get_their_own_host_dirs() -> None:
+    from ranktrace.tracer.launch import hostinfo
+
+    key, name = hostinfo.host_key(), runid.host_dir_name
+    assert name("node-4", {"SLURM_LOCALID": "3", "SLURM_TASKS_PER_NODE": "8"}) == "node-4"  # a label wins
+    assert name(None, {}) == key
+    assert name(None, {"SLURM_LOCALID": "0", "SLURM_TASKS_PER_NODE": "1(x4)"}) == key  # one trace run per node
+    assert name(None, {"SLURM_LOCALID": "0", "SLURM_TASKS_PER_NODE": "8(x2)"}) == f"{key}.0"
+    assert name(None, {"SLURM_LOCALID": "1", "SLURM_TASKS_PER_NODE": "1(x3),2"}) == f"{key}.1"
+
+
 def test_nodes_join_one_run_dir_and_never_share_a_host_dir(tmp_path: Path) -> None:
     auto = runid.RunId("slurm-7.0", "SLURM_JOB_ID", False)
     run, h0 = runid.claim_run_dir(tmp_path / "slurm-7.0", "node-0", auto, exact=False)
@@ -178,3 +189,34 @@ def test_copied_host_dirs_and_tar_files_give_the_same_verdict(two_nodes: dict) -
             t.add(copies[node], arcname=f"node-{node}")
         tars.append(tar)
     assert _gist(_verdict(tars)) == whole
+
+
+def test_srun_one_trace_run_per_rank_makes_one_run_folder(tmp_path: Path) -> None:
+    """The Slurm recipe without Slurm: `srun --ntasks-per-node=2 trace run -- python train.py` starts one trace run
+    per task with srun's environment (job and step id, the task's local id); the script takes its rank from it.
+    Both write into traces/slurm-<job>.<step>/, each in its own <host>.<task> directory, and one verdict names the
+    rank that skipped an all_reduce."""
+    from ranktrace.tracer.launch import hostinfo
+
+    port = _free_port()
+    procs = []
+    for task in (0, 1):
+        env = trace_env(SLURM_JOB_ID="4242", SLURM_STEP_ID="0", SLURM_LOCALID=str(task), SLURM_PROCID=str(task),
+                        SLURM_TASKS_PER_NODE="2", SLURM_NTASKS="2", RANK=str(task), WORLD_SIZE="2",
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen(TRACE + ["run", "--hang-after", "3", "--", PY, str(EXAMPLE), "--fault", "skip",
+                                               "--steps", "5", "--timeout", "8", "--hang-seconds", "15"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                      cwd=tmp_path, stdin=subprocess.DEVNULL, start_new_session=True))
+    try:
+        errs = [p.communicate(timeout=240)[1] for p in procs]
+    finally:
+        for p in procs:
+            kill_group(p)
+    run = tmp_path / "traces" / "slurm-4242.0"
+    key = hostinfo.host_key()
+    assert sorted(d.name for d in run.iterdir() if d.is_dir()) == [f"{key}.0", f"{key}.1"], errs[0][-2000:]
+    v = _verdict([run])
+    assert (v["kind"], v["culprit_ranks"], v["waiting_ranks"]) == ("missing_ranks", [1], [0])
+    (host,) = v["hosts"]  # two task directories of one machine: one host
+    assert host["ranks"] == [0, 1] and v["summary"].endswith(f"Culprit: rank 1 on {host['host']}.")

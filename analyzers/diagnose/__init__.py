@@ -85,18 +85,23 @@ def _placed(summary: str, culprits: tuple[int, ...], ctx: Context) -> str:
 
 
 def _hosts(ctx: Context) -> tuple[HostSummary, ...]:
-    """Each host of a run across hosts, its ranks and its clock (analyzers.clocks); () for one host."""
+    """Each host of a run across hosts, its ranks and its clock (analyzers.clocks); () for one host. Directories of
+    one machine (Slurm tasks) are one host: its clock is its best-aligned directory's (the reference, else the smallest
+    error bound)."""
     if not ctx.rank_hosts:
         return ()
     names = hosts_mod.display_names(ctx.inputs.hosts)
+    dirs: dict[str, list[str]] = {}
+    for dir_name, shown in names.items():
+        dirs.setdefault(shown, []).append(dir_name)
     out = []
-    for dir_name, shown in sorted(names.items(), key=lambda kv: min(
-            (r for r, h in ctx.rank_hosts.items() if h == kv[1]), default=1 << 30)):
-        c = ctx.host_clocks.get(dir_name)
-        out.append(HostSummary(shown, tuple(sorted(r for r, h in ctx.rank_hosts.items() if h == shown)),
-                               None if c is None else c.offset_ns, None if c is None else c.error_ns,
+    for shown, dir_names in dirs.items():
+        ranks = tuple(sorted(r for r, h in ctx.rank_hosts.items() if h == shown))
+        clocks = [ctx.host_clocks[d] for d in dir_names if d in ctx.host_clocks]
+        c = min(clocks, key=lambda x: (x.basis != "reference", x.error_ns is None, x.error_ns or 0), default=None)
+        out.append(HostSummary(shown, ranks, None if c is None else c.offset_ns, None if c is None else c.error_ns,
                                "none" if c is None else c.basis, 0 if c is None else c.ops))
-    return tuple(out)
+    return tuple(sorted(out, key=lambda h: (h.ranks[0] if h.ranks else 1 << 30, h.host)))
 
 
 def _sentence(s: str) -> str:

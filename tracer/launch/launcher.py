@@ -158,7 +158,7 @@ def _prepare_shared_run_dir(opts: RunOptions, rid: runid.RunId) -> tuple[Path, P
     if free < MIN_FREE_BYTES:
         raise LaunchError(f"output directory {first}: only {free >> 20} MiB free on {probe_from}, need 64 MiB")
     try:
-        run_dir, host_dir = runid.claim_run_dir(first, opts.host_label or hostinfo.host_key(), rid,
+        run_dir, host_dir = runid.claim_run_dir(first, runid.host_dir_name(opts.host_label, os.environ), rid,
                                                 exact=opts.out is not None)
     except runid.RunDirError as e:
         raise LaunchError(str(e)) from None

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-__all__ = ["RunId", "find_run_id", "host_label", "claim_run_dir", "RunDirError", "safe_name", "meta_fields"]
+__all__ = ["RunId", "find_run_id", "host_label", "host_dir_name", "claim_run_dir", "RunDirError", "safe_name",
+           "meta_fields"]
 
 _TORCHRUN = re.compile(r"(^|/)(torchrun|torch\.distributed\.(run|launch))$")
 _RDZV_ID = ("--rdzv-id", "--rdzv_id")
@@ -96,6 +97,23 @@ def host_label(option: str | None, env: Mapping[str, str]) -> str | None:
     if label is not None and not _LABEL.match(label):
         raise ValueError(f"host label {label!r}: use letters, digits, '.', '_' and '-' (up to 128)")
     return label
+
+
+def host_dir_name(label: str | None, env: Mapping[str, str]) -> str:
+    """This trace run's directory in the run: its label, else the host key — and, when Slurm runs several tasks of
+    the step on this node (``srun --ntasks-per-node=8 trace run -- python train.py``: one trace run per rank), the
+    task's local id after it (``<host>.<localid>``), so the node's trace runs never share a directory. Reports show
+    them as one host."""
+    from ranktrace.tracer.launch import hostinfo
+
+    if label:
+        return label
+    local = env.get("SLURM_LOCALID")
+    # SLURM_TASKS_PER_NODE lists each node's task count, repeats as "(xN)": "2(x3),1" is 2, 2, 2, 1
+    per_node = [int(m) for m in re.findall(r"\d+", re.sub(r"\(x\d+\)", "", env.get("SLURM_TASKS_PER_NODE", "")))]
+    if local not in (None, "") and local.isdigit() and (max(per_node, default=1) > 1 or int(local) > 0):
+        return f"{hostinfo.host_key()}.{local}"
+    return hostinfo.host_key()
 
 
 def claim_run_dir(first: Path, host: str, rid: RunId, *, exact: bool) -> tuple[Path, Path]:
