@@ -14,9 +14,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.ipc as ipc
 
-from ranktrace.analyzers import schema
+from ranktrace.analyzers import archives, hostdir, schema
 from ranktrace.analyzers.model import HostRun
 from ranktrace.analyzers.readers.base import ReaderError, ReadResult, Skipped
 
@@ -58,6 +57,8 @@ class Inputs:
     hosts: list[HostRun] = field(default_factory=list)
     world_size: int | None = None
     reads: list[InputRead] = field(default_factory=list)
+    paths: list[Path] = field(default_factory=list)
+    window: hostdir.Window | None = None   # what the host dirs' own records were read through (issue #19)
 
     @property
     def has_ranktrace(self) -> bool:
@@ -88,13 +89,19 @@ def _isdir(p: Path) -> bool:
         return False
 
 
-def collect(paths: list[Path]) -> Inputs:
-    """Read everything under `paths`. Raises InputError when nothing at all could be used."""
+def collect(paths: list[Path], *, extra: frozenset[tuple[str, int]] = frozenset(), labels: bool = False) -> Inputs:
+    """Read everything under `paths`. Raises InputError when nothing at all could be used.
+
+    `extra`: (channel, seq) of ops to keep even where the window of a host dir's own records would drop them
+    (hostdir.needed_keys); `labels`: also what each rank ran before its window (hostdir.Window.prefixes)."""
+    paths = archives.expand(paths)  # tar archives (a host dir packed where it ran) read as what they hold
     readers = _load_readers()
     results: list[ReadResult] = []
     skipped: list[Skipped] = []
     hosts: list[HostRun] = []
     files: list[Path] = []
+    window = hostdir.Window(hostdir.rows_per_rank([hd for p in paths for hd in _readable_host_dirs(p)]), extra,
+                            labels)
     for p in paths:
         try:
             mode = os.stat(p).st_mode
@@ -111,12 +118,12 @@ def collect(paths: list[Path]) -> Inputs:
                                                  "block forever"))
             continue
         try:
-            host_dirs = [p] if _is_host_dir(p) else sorted(d for d in p.iterdir() if _is_host_dir(d))
+            host_dirs = _host_dirs(p)
         except OSError as e:
             skipped.append(Skipped(str(p), None, f"cannot read folder: {e.strerror or e}"))
             continue
         for hd in host_dirs:
-            hosts.append(_read_host_dir(hd, results, skipped, files))
+            hosts.append(_read_host_dir(hd, results, skipped, files, window))
         if not host_dirs:
             files.extend(_walk(p, skipped))
     formats: dict[str, list[str]] = {}
@@ -140,6 +147,8 @@ def collect(paths: list[Path]) -> Inputs:
         hosts=hosts,
         world_size=max((r.world_size for r in results if r.world_size), default=None),
         reads=reads,
+        paths=list(paths),
+        window=window if hosts else None,
     )
     _fill_ranks(inputs)
     from ranktrace.analyzers.dpworlds import separate_dp_worlds
@@ -149,6 +158,18 @@ def collect(paths: list[Path]) -> Inputs:
     if dp_world:
         inputs.world_size = max(inputs.world_size or 0, dp_world)
     return inputs
+
+
+def _readable_host_dirs(p: Path) -> list[Path]:
+    """The host dirs at or under `p`; none where `p` is no folder or cannot be read (the walk says why)."""
+    try:
+        return _host_dirs(p) if _isdir(p) else []
+    except OSError:
+        return []
+
+
+def _host_dirs(p: Path) -> list[Path]:
+    return [p] if _is_host_dir(p) else sorted(d for d in p.iterdir() if _is_host_dir(d))
 
 
 def _walk(root: Path, skipped: list[Skipped]) -> list[Path]:
@@ -269,7 +290,8 @@ def _looks_binary(head: bytes) -> bool:
     return ctrl > 0.1 * min(len(data), 8192)
 
 
-def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], files: list[Path]) -> HostRun:
+def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], files: list[Path],
+                   window: hostdir.Window) -> HostRun:
     """A ranktrace host directory: events.arrow (or the rings, for a live or unfinalized job), plus dumps/ and nccl/."""
     meta: dict[str, Any] | None = None
     mp = hd / "meta.json"
@@ -295,27 +317,7 @@ def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], 
         except (OSError, ValueError) as e:
             skipped.append(Skipped(str(hd / "system.json"), None, f"unreadable ({e})"))
     host = hd.name
-    used_arrow = False
-    ev = hd / "events.arrow"
-    if _exists(ev):
-        try:
-            with pa.memory_map(str(ev)) as src:
-                table = ipc.open_file(src).read_all()
-            if table.schema.metadata and table.schema.metadata.get(b"schema", b"").startswith(b"ranktrace.events/"):
-                results.append(ReadResult(file=str(ev), format="ranktrace_events", events=table.cast(schema.EVENTS)))
-                used_arrow = True
-            else:
-                skipped.append(Skipped(str(ev), None, "events.arrow without a ranktrace schema; using rings"))
-        except (OSError, pa.ArrowInvalid) as e:
-            skipped.append(Skipped(str(ev), None, f"unreadable events.arrow ({e}); using the rings instead"))
-    if not used_arrow:
-        from ranktrace.analyzers.readers import ranktrace_ring
-
-        for ring in sorted(_glob(hd / "rings", "*.ring", skipped)):
-            try:
-                results.append(ranktrace_ring.read(ring, host=host))
-            except ReaderError as e:
-                skipped.append(Skipped(str(ring), None, e.reason))
+    results.extend(hostdir.read_own(hd, host, window, skipped))  # events.arrow, else the rings; windowed at scale
     if _isdir(hd / "samples") or _isdir(hd / "dumps"):
         # the monitor's periodic samples (stacks, /proc, GPU) and the RAS pairs its bursts saved; sampled stacks of
         # a job that completed cleanly are older than its end, so only their observations are kept then

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = ["SCHEMA", "STATUSES", "KINDS", "Evidence", "Finding", "Operation", "WaitEdge", "RankState", "Verdict",
-           "InputSummary", "PhaseEntry",
+           "InputSummary", "PhaseEntry", "HostSummary",
            "compact_ranks", "operation_text"]
 
 SCHEMA = "ranktrace.verdict/1"
@@ -108,6 +108,20 @@ class RankState:
     phase_seconds: float | None = None  # how long it has been in that phase (or took, when none is open)
     roles: str | None = None  # what the framework calls this process: "DP1 TP3 EP3" (DP replica, attention TP, ...)
     exit: str | None = None   # how its process ended ("exit code 7"; "no exit record: ..."), once it did
+    host: str | None = None   # the host it ran on, when the run spans hosts (left out of the JSON otherwise)
+
+
+@dataclass(frozen=True)
+class HostSummary:
+    """One host of a run that spans hosts: its ranks, and its clock against the reference host's (analyzers.clocks:
+    offset and +- error in ns; basis reference | collectives | approximate | none, from `clock_ops` collectives)."""
+
+    host: str
+    ranks: tuple[int, ...] = ()
+    clock_offset_ns: int | None = None
+    clock_error_ns: int | None = None
+    clock_basis: str = "none"
+    clock_ops: int = 0
 
 
 @dataclass(frozen=True)
@@ -152,6 +166,7 @@ class Verdict:
     inputs: tuple[str, ...] = ()
     input_reads: tuple[InputSummary, ...] = ()
     phases: tuple[PhaseEntry, ...] = ()
+    hosts: tuple[HostSummary, ...] = ()   # a run across hosts (in the JSON only then)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -182,13 +197,13 @@ class Verdict:
                 for f in self.findings
             ],
             "next_steps": list(self.next_steps),
-            "ranks": {str(r): {**asdict(s), "stack": list(s.stack), "pids": list(s.pids)}
-                      for r, s in sorted(self.ranks.items())},
+            "ranks": {str(r): _rank_dict(s) for r, s in sorted(self.ranks.items())},
             "stack_tree": self.stack_tree,
             "inputs": list(self.inputs),
             "input_reads": [{**asdict(i), "recognised": list(i.recognised), "ranks": list(i.ranks)}
                             for i in self.input_reads],
             "phases": [p.to_dict() for p in self.phases],
+            **({"hosts": [{**asdict(h), "ranks": list(h.ranks)} for h in self.hosts]} if self.hosts else {}),
         }
 
     @classmethod
@@ -218,7 +233,15 @@ class Verdict:
             input_reads=tuple(InputSummary(**{**i, "recognised": tuple(i.get("recognised", ())),
                                               "ranks": tuple(i.get("ranks", ()))}) for i in d.get("input_reads", ())),
             phases=tuple(PhaseEntry.from_dict(p) for p in d.get("phases", ())),
+            hosts=tuple(HostSummary(**{**h, "ranks": tuple(h.get("ranks", ()))}) for h in d.get("hosts", ())),
         )
+
+
+def _rank_dict(s: RankState) -> dict[str, Any]:
+    d = {**asdict(s), "stack": list(s.stack), "pids": list(s.pids)}
+    if d["host"] is None:  # one host: the JSON as it was before runs spanned hosts
+        del d["host"]
+    return d
 
 
 def compact_ranks(ranks: "list[int] | tuple[int, ...] | set[int]") -> str:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Iterable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -157,12 +158,13 @@ def build_graph(ops: pa.Table, group_ranks: dict[str, tuple[int, ...]], world: i
                               pc.is_in(ops["chan"], value_set=pa.array(sorted(head_by), pa.string()))))
     keep = [(c, p) in wanted for c, p in zip(near["chan"].to_pylist(), near["seq"].to_pylist())]
     by_key: dict[tuple[str, int], list[PendingOp]] = {}
+    of_rank: dict[tuple[str, int, int], PendingOp] = {}   # (chan, seq, rank) -> that rank's first op there
     for r in near.filter(pa.array(keep, pa.bool_())).to_pylist():
-        by_key.setdefault((r["chan"], r["seq"]), []).append(
-            PendingOp(r["rank"], r["chan"], r["seq"], r["name"], r["group"], r["group_desc"], r["category"], r["peer"],
-                      r["dtype"], r["shape"], r["nbytes"], r["callsite"], bool(r["completed"]), bool(r["errored"]),
-                      r["error"], r["source"], r["file"], r["line"])
-        )
+        o = PendingOp(r["rank"], r["chan"], r["seq"], r["name"], r["group"], r["group_desc"], r["category"],
+                      r["peer"], r["dtype"], r["shape"], r["nbytes"], r["callsite"], bool(r["completed"]),
+                      bool(r["errored"]), r["error"], r["source"], r["file"], r["line"])
+        by_key.setdefault((r["chan"], r["seq"]), []).append(o)
+        of_rank.setdefault((r["chan"], r["seq"], r["rank"]), o)
     seen_members: dict[str, tuple[int, ...]] = {}
     for chan in sorted(head_by):
         heads_c = head_by[chan]
@@ -178,9 +180,12 @@ def build_graph(ops: pa.Table, group_ranks: dict[str, tuple[int, ...]], world: i
         g.members[chan] = members
         last_c = last_by.get(chan, {})
         stuck_at: dict[int, list[int]] = {}
+        # each member's last issued seq on the channel, once: a head's missing members are one comparison
+        member_arr = np.asarray(members, dtype=np.int64)
+        member_last = np.asarray([last_c.get(m, 0) for m in members], dtype=np.int64)
         for rank, p in sorted(heads_c.items()):
-            op = next(o for o in by_key[(chan, p)] if o.rank == rank)
-            missing = [m for m in members if m != rank and last_c.get(m, 0) < p]
+            op = of_rank[(chan, p, rank)]
+            missing = [int(m) for m in member_arr[member_last < p] if m != rank]
             unknown = [m for m in missing if m in wrapped and m not in last_c]
             for m in missing:
                 if m in unknown:
@@ -195,7 +200,8 @@ def build_graph(ops: pa.Table, group_ranks: dict[str, tuple[int, ...]], world: i
             if state not in (MatchState.MATCHED, MatchState.UNDECIDED):
                 g.mismatches.append(Mismatch(chan, p, state, minority, majority, tuple(issued)))
             elif p in stuck_at:
-                done = tuple(m for m in members if m not in stuck_at[p] and last_c.get(m, 0) >= p
+                stuck_here = set(stuck_at[p])
+                done = tuple(m for m in members if m not in stuck_here and last_c.get(m, 0) >= p
                              and heads_c.get(m, p + 1) > p)
                 g.stuck.append(Stuck(chan, p, tuple(stuck_at[p]), done, tuple(issued)))
     return g

@@ -69,13 +69,15 @@ def _ranks_known(run_dir: Path, n: int) -> bool:
     return known >= n
 
 
-def idle_cost(ranks: int, window: float, monitor: bool) -> dict[str, float]:
+def idle_cost(ranks: int, window: float, monitor: bool, light: bool = False) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="bench-monitor-") as tmp:
         run_dir = Path(tmp) / "run"
+        job = ([sys.executable, str(REPO / "bench" / "light_ranks.py"), "--ranks", str(ranks), "--threads", "8",
+                "--seconds", str(window + 40)] if light else
+               [sys.executable, str(EXAMPLE), "--world", str(ranks), "--fault", "queue",
+                "--hang-seconds", str(window + 40), "--timeout", "600"])
         cmd = [sys.executable, "-m", "ranktrace.cli", "run", "-o", str(run_dir), "--hang-after", "600",
-               "--no-analyze"] + ([] if monitor else ["--no-monitor"]) + [
-            "--", sys.executable, str(EXAMPLE), "--world", str(ranks), "--fault", "queue",
-            "--hang-seconds", str(window + 40), "--timeout", "600"]
+               "--no-analyze"] + ([] if monitor else ["--no-monitor"]) + ["--", *job]
         proc = subprocess.Popen(cmd, env=_env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 start_new_session=True)
         try:
@@ -149,11 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", action="store_true", help="also measure trace run --no-monitor")
     p.add_argument("--skip-idle", action="store_true")
     p.add_argument("--skip-hang", action="store_true")
+    p.add_argument("--light", action="store_true",
+                   help="idle cost with small ranks (bench/light_ranks.py: no torch, 8 idle threads each), so a host "
+                        "of 64 ranks fits a small machine")
     a = p.parse_args(argv)
     status = 0
-    print(f"machine: {os.cpu_count()} CPUs; {a.ranks} ranks; repeat {a.repeat}")
+    print(f"machine: {os.cpu_count()} CPUs; {a.ranks} {'light ' if a.light else ''}ranks; repeat {a.repeat}")
     if not a.skip_idle:
-        runs = [idle_cost(a.ranks, a.idle_seconds, True) for _ in range(a.repeat)]
+        runs = [idle_cost(a.ranks, a.idle_seconds, True, a.light) for _ in range(a.repeat)]
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         print(f"idle job, default sampling, {a.idle_seconds:.0f} s window (CPU as % of one core):")
         for r in runs:
@@ -162,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
               f"ratio to the {TARGET_CPU:.0%} target: own {med['own'] / TARGET_CPU:.2f}, "
               f"total {med['total'] / TARGET_CPU:.2f}")
         if a.baseline:
-            base = [idle_cost(a.ranks, a.idle_seconds, False) for _ in range(a.repeat)]
+            base = [idle_cost(a.ranks, a.idle_seconds, False, a.light) for _ in range(a.repeat)]
             bmed = statistics.median(r["total"] for r in base)
             print(f"  --no-monitor baseline: median total {bmed:.2%}; monitor adds {med['total'] - bmed:.2%} "
                   f"(ratio {med['total'] / bmed:.1f}x)" if bmed > 0 else f"  --no-monitor baseline: {bmed:.2%}")

@@ -2,6 +2,7 @@
 writes to the terminal and maps outcomes to exit codes. Commands import what they use when they run."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -114,10 +115,18 @@ class _RunCommand(click.Command):
               help="What a serving framework's ranks also record (communicators, set-up steps, phases): sglang, vllm, "
                    "torch, a profile .toml, or none. Default: picked from the command (-m sglang.launch_server, "
                    "sglang serve, vllm serve, -m vllm.entrypoints...). --hook adds to it.")
+@click.option("--run-id", default=None,
+              help="One run across hosts: every node's trace run with this id writes into one run folder "
+                   "(traces/<id>/<host>/, or -o). Default: RANKTRACE_RUN_ID, else the launcher's job id (Slurm, "
+                   "torchrun --rdzv-id, a Kubernetes JobSet / PyTorchJob).")
+@click.option("--host-label", default=None,
+              help="Name this host's directory (default hostname + boot id; env RANKTRACE_HOST): for several "
+                   "trace run of one run on one machine.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll: bool, analyze: bool,
         hang_after: float, startup_hang_after: float, on_hang: str, native_stacks: bool, monitor: bool,
         hook_targets: tuple[str, ...], perfetto: Path | None, use_nsys: bool, nsys_args: str, profile: str | None,
+        run_id: str | None, host_label: str | None,
         command: tuple[str, ...]) -> None:
     """Run COMMAND with every rank traced: trace run [OPTIONS] -- CMD ARGS...
 
@@ -131,6 +140,12 @@ def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll
     if perfetto is not None and perfetto.exists():  # nothing a user has is ever overwritten: said before the job
         _err(f"{perfetto} exists: not overwritten (choose another path)")
         sys.exit(EXIT_USAGE)
+    from ranktrace.tracer.launch import runid
+
+    try:
+        label = runid.host_label(host_label, os.environ)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--host-label") from None
     try:
         chosen, chosen_by = profiles.choose(command, profile)
     except profiles.ProfileError as e:
@@ -141,7 +156,8 @@ def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll
              f"(--profile none to turn it off)")
     opts = launcher.RunOptions(command=tuple(command), out=output, name=name, nccl_debug=nccl_debug,
                                nccl_coll=nccl_coll, hooks=hook_targets, nsys=use_nsys or bool(nsys_args),
-                               nsys_args=nsys_args, profiles=chosen, profile_source=chosen_by)
+                               nsys_args=nsys_args, profiles=chosen, profile_source=chosen_by,
+                               run_id=run_id, host_label=label)
     mon = MonitorOptions(hang_after=hang_after, startup_hang_after=max(startup_hang_after, hang_after),
                          on_hang=on_hang, native_stacks=native_stacks) if monitor else None
     try:

@@ -6,6 +6,7 @@ import re
 from collections import Counter
 from typing import Callable
 
+from ranktrace.analyzers import hosts as hosts_mod
 from ranktrace.analyzers import hoststate
 from ranktrace.analyzers import stacks as stacks_mod
 from ranktrace.analyzers.diagnose.blocked_rule import blocked_outside
@@ -21,7 +22,7 @@ from ranktrace.analyzers.diagnose.statement_rule import stated_mismatch, stated_
 from ranktrace.analyzers.diagnose.watchdog_rule import barrier_timeout, gloo_timeout, reported_timeouts
 from ranktrace.analyzers.diagnose.waiting_rule import mismatch, stuck, waiting
 from ranktrace.analyzers.sources import Inputs
-from ranktrace.analyzers.verdict import Evidence, Finding, InputSummary, RankState, Verdict
+from ranktrace.analyzers.verdict import Evidence, Finding, HostSummary, InputSummary, RankState, Verdict
 
 __all__ = ["RULES", "diagnose", "build_context"]
 
@@ -62,7 +63,8 @@ def diagnose(ctx: Context) -> Verdict:
         kind, summary, steps = _no_primary(ctx, status)
         verdict_args = dict(kind=kind, summary=summary, next_steps=tuple(steps))
     else:
-        verdict_args = dict(kind=primary.kind, summary=_sentence(primary.summary), operation=primary.operation,
+        verdict_args = dict(kind=primary.kind, summary=_placed(_sentence(primary.summary), primary.culprits, ctx),
+                            operation=primary.operation,
                             culprit_ranks=primary.culprits, waiting_ranks=primary.waiting,
                             wait_for=primary.wait_for, next_steps=tuple(primary.next_steps))
     if unobserved:
@@ -80,8 +82,35 @@ def diagnose(ctx: Context) -> Verdict:
         inputs=tuple(sorted({str(h.host_dir) for h in inputs.hosts} | set(inputs.formats))),
         input_reads=tuple(InputSummary(r.file, r.recognised, r.ranks, r.lines_used, r.lines_total, r.note)
                           for r in inputs.reads),
+        hosts=_hosts(ctx),
         **verdict_args,  # type: ignore[arg-type]
     )
+
+
+def _placed(summary: str, culprits: tuple[int, ...], ctx: Context) -> str:
+    """A run across hosts: the sentence says where the culprits ran ("Culprit: rank 37 on node-4.")."""
+    where = hosts_mod.where_text(culprits, ctx.rank_hosts) if ctx.rank_hosts and culprits else ""
+    return f"{summary} Culprit{'s' if len(culprits) > 1 else ''}: {where}." if where else summary
+
+
+def _hosts(ctx: Context) -> tuple[HostSummary, ...]:
+    """Each host of a run across hosts, its ranks and its clock (analyzers.clocks); () for one host. Directories of
+    one machine (Slurm tasks) are one host: its clock is its best-aligned directory's (the reference, else the smallest
+    error bound)."""
+    if not ctx.rank_hosts:
+        return ()
+    names = hosts_mod.display_names(ctx.inputs.hosts)
+    dirs: dict[str, list[str]] = {}
+    for dir_name, shown in names.items():
+        dirs.setdefault(shown, []).append(dir_name)
+    out = []
+    for shown, dir_names in dirs.items():
+        ranks = tuple(sorted(r for r, h in ctx.rank_hosts.items() if h == shown))
+        clocks = [ctx.host_clocks[d] for d in dir_names if d in ctx.host_clocks]
+        c = min(clocks, key=lambda x: (x.basis != "reference", x.error_ns is None, x.error_ns or 0), default=None)
+        out.append(HostSummary(shown, ranks, None if c is None else c.offset_ns, None if c is None else c.error_ns,
+                               "none" if c is None else c.basis, 0 if c is None else c.ops))
+    return tuple(sorted(out, key=lambda h: (h.ranks[0] if h.ranks else 1 << 30, h.host)))
 
 
 def _sentence(s: str) -> str:
@@ -235,7 +264,7 @@ def _rank_table(ctx: Context) -> dict[int, RankState]:
             exit=exit_text,
             innermost_open=(f"{o.name}" + (f" group={o.group} seq={o.seq}" if o.seq is not None else "")) if o else None,
             stack=tuple(stacks_mod.normalise_frame(f) for f in (hoststate.without_tracer(st.frames)[:12] if st else ())),
-            last_op=last_ops.get(r), pids=ctx.rank_pids.get(r, ()), where=_where(st),
+            last_op=last_ops.get(r), pids=ctx.rank_pids.get(r, ()), where=_where(st), host=ctx.rank_hosts.get(r),
         )
     return out
 

@@ -10,10 +10,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ranktrace.analyzers import hoststate, phases as phases_mod, schema, timeline, waitfor
+from ranktrace.analyzers import clocks, hostdir, hosts, hoststate, phases as phases_mod, schema, timeline, waitfor
 from ranktrace.analyzers.model import JobStatus, Liveness, OpenSpan
 from ranktrace.analyzers.readers.ranktrace_ring import RING_WRAPPED
-from ranktrace.analyzers.sources import Inputs
+from ranktrace.analyzers.sources import Inputs, collect
 
 __all__ = ["Context", "build_context", "JobStatus"]
 
@@ -41,6 +41,8 @@ class Context:
     roles: dict[int, str] = field(default_factory=dict)       # rank -> "DP1 TP3 EP3"
     as_of_ns: int | None = None                               # when the evidence was looked at (open phases end here)
     rank_exits: dict[int, str] = field(default_factory=dict)  # how a rank's process ended, when it recorded it
+    rank_hosts: dict[int, str] = field(default_factory=dict)   # a run across hosts: rank -> host (analyzers.hosts)
+    host_clocks: dict[str, clocks.HostClock] = field(default_factory=dict)  # host dir name -> its clock
 
     def open_by_rank(self) -> dict[int, OpenSpan]:
         """Innermost (latest) open span per rank, preferring the rank's main process."""
@@ -77,28 +79,57 @@ class Context:
         labels = enc.chunk(0).dictionary.to_pylist() if enc.num_chunks else []
         code = np.asarray(pa.chunked_array([c.indices for c in enc.chunks], pa.int32()).to_numpy(), dtype=np.int64)
         rank = np.asarray(ops["rank"].to_numpy(), dtype=np.int64)
-        starts = np.flatnonzero(np.concatenate(([True], rank[1:] != rank[:-1])))  # ranks are sorted
-        length = np.diff(np.append(starts, len(rank)))
-        pos = np.arange(len(rank)) - np.repeat(starts, length)  # position in the rank's own sequence
-        # how many ranks ran each label at each position; the majority needs more than half of those there
-        pair, counts = np.unique(pos * len(labels) + code, return_counts=True)
-        pair_pos, pair_code = pair // len(labels), pair % len(labels)
-        reached = np.bincount(pos)
-        best = np.zeros(len(reached), dtype=np.int64)
-        np.maximum.at(best, pair_pos, counts)
-        win = (counts == best[pair_pos]) & (counts * 2 > reached[pair_pos])
-        majority = np.full(len(reached), -1, dtype=np.int64)
-        majority[pair_pos[win]] = pair_code[win]
-        off = np.where(code != majority[pos], pos, len(reached))
-        first_off = np.minimum.reduceat(off, starts)
-        out: dict[int, waitfor.Departure] = {}
-        for r, start, p in zip(rank[starts].tolist(), starts.tolist(), first_off.tolist()):
-            if p >= len(reached):
-                out[r] = waitfor.Departure(r, None, None, None)
-            else:
-                m = int(majority[p])
-                out[r] = waitfor.Departure(r, p, labels[int(code[start + p])], labels[m] if m >= 0 else None)
-        return out
+        window = self.inputs.window
+        if window is not None and window.cut:  # ranks' earlier ops were left out of the window: read them again
+            rank, code, labels = _with_earlier_ops(rank, code, labels, collect(
+                self.inputs.paths, extra=window.extra, labels=True).window)
+        return _majority_departures(rank, code, labels)
+
+
+def _with_earlier_ops(rank: np.ndarray, code: np.ndarray, labels: list[str],
+                      window: Any) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Each rank's full sequence: what it ran before its window (hostdir.Window.prefixes: codes into a table of
+    their own, and how many of its kept ops are among them) followed by its kept ops from there on."""
+    table = {x: i for i, x in enumerate(labels)}
+    ranks, codes = [], []
+    starts = np.flatnonzero(np.concatenate(([True], rank[1:] != rank[:-1])))
+    for a, b in zip(starts.tolist(), np.append(starts[1:], len(rank)).tolist()):
+        r = int(rank[a])
+        mine = code[a:b]
+        got = window.prefixes.get(r) if window is not None else None
+        if got is not None:
+            pcodes, ptable, n_kept = got
+            remap = np.array([table.setdefault(x, len(table)) for x in ptable], dtype=np.int64)
+            mine = np.concatenate([remap[pcodes], mine[n_kept:]])
+        ranks.append(np.full(len(mine), r, dtype=np.int64))
+        codes.append(mine)
+    return np.concatenate(ranks), np.concatenate(codes), list(table)
+
+
+def _majority_departures(rank: np.ndarray, code: np.ndarray, labels: list[str]) -> dict[int, waitfor.Departure]:
+    """Context.departures' counting, on (rank, label code) per op, ranks sorted and each rank's ops in order."""
+    starts = np.flatnonzero(np.concatenate(([True], rank[1:] != rank[:-1])))  # ranks are sorted
+    length = np.diff(np.append(starts, len(rank)))
+    pos = np.arange(len(rank)) - np.repeat(starts, length)  # position in the rank's own sequence
+    # how many ranks ran each label at each position; the majority needs more than half of those there
+    pair, counts = np.unique(pos * len(labels) + code, return_counts=True)
+    pair_pos, pair_code = pair // len(labels), pair % len(labels)
+    reached = np.bincount(pos)
+    best = np.zeros(len(reached), dtype=np.int64)
+    np.maximum.at(best, pair_pos, counts)
+    win = (counts == best[pair_pos]) & (counts * 2 > reached[pair_pos])
+    majority = np.full(len(reached), -1, dtype=np.int64)
+    majority[pair_pos[win]] = pair_code[win]
+    off = np.where(code != majority[pos], pos, len(reached))
+    first_off = np.minimum.reduceat(off, starts)
+    out: dict[int, waitfor.Departure] = {}
+    for r, start, p in zip(rank[starts].tolist(), starts.tolist(), first_off.tolist()):
+        if p >= len(reached):
+            out[r] = waitfor.Departure(r, None, None, None)
+        else:
+            m = int(majority[p])
+            out[r] = waitfor.Departure(r, p, labels[int(code[start + p])], labels[m] if m >= 0 else None)
+    return out
 
 
 def _ras_events(obs: pa.Table) -> pa.Table:
@@ -204,7 +235,19 @@ def build_context(inputs: Inputs, liveness: Liveness | None) -> Context:
     """Everything the rules need, once. `liveness`: which processes the capture side saw alive (None: nobody
     looked, so an unfinished run's state is unknown)."""
     events = schema.concat(schema.EVENTS, [inputs.events, _ras_events(inputs.observations)])
+    host_clocks = clocks.estimate(events)  # a run across hosts: every wall time on one clock (none for one host)
+    if host_clocks:
+        events = clocks.align(events, host_clocks)
+        inputs.stacks = clocks.align(inputs.stacks, host_clocks)
+        inputs.observations = clocks.align(inputs.observations, host_clocks)
     ops = timeline.build_ops(events)
+    more = hostdir.needed_keys(ops, inputs.window)
+    if more:  # an op the wait-for graph compares lay outside the window of a rank's records: read them again with it
+        again = collect(inputs.paths, extra=inputs.window.extra | more)  # type: ignore[union-attr]
+        inputs.events, inputs.window = again.events, again.window
+        events = clocks.align(schema.concat(schema.EVENTS, [inputs.events, _ras_events(inputs.observations)]),
+                              host_clocks)
+        ops = timeline.build_ops(events)
     group_ranks = _group_ranks(events)
     worlds = [w for w in (inputs.world_size,) if w]
     if events.num_rows and events["world"].null_count < events.num_rows:
@@ -266,6 +309,7 @@ def build_context(inputs: Inputs, liveness: Liveness | None) -> Context:
         anon_stacks=hoststate.unranked_stacks(inputs.stacks) if not stacks else [],
         ledger=ledger, current=current, roles=_roles(events), as_of_ns=as_of,
         rank_exits=_rank_exits(events, _op_pids(events, rank_pids)),
+        rank_hosts=hosts.rank_hosts(inputs.hosts, events), host_clocks=host_clocks,
     )
 
 

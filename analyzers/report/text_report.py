@@ -39,16 +39,84 @@ def _console(buf: io.StringIO, width: int | None, color: bool) -> Console:
                    legacy_windows=False)
 
 
-def _rank_rows(v: Verdict) -> list[tuple[tuple[int, ...], RankState]]:
+MAX_ROWS = 16        # rank table rows; past them, ranks in the same state inside the same call share a row
+_LABEL_CHARS = 32    # a rank set longer than this is said as "1,016 ranks like rank 0"
+
+
+def _rank_rows(v: Verdict) -> list[tuple[tuple[int, ...], RankState, bool]]:
     """Ranks that read the same (state, inside, last op, where) share one row; a culprit never shares with a
-    rank that is not one."""
+    rank that is not one. Past MAX_ROWS rows (a thousand ranks at different seqs), ranks in the same state inside
+    the same call share one, shown by its first rank ("like rank 0"). Rows: (ranks, shown state, alike)."""
     culprits = set(v.culprit_ranks)
     groups: dict[tuple, list[int]] = {}
     for r, s in sorted(v.ranks.items()):
         where = s.where or (s.stack[0] if s.stack else "")
         groups.setdefault((r in culprits, s.state, s.innermost_open or "", s.last_op or "", where), []).append(r)
-    rows = [(tuple(rs), v.ranks[rs[0]]) for rs in groups.values()]
+    if len(groups) > MAX_ROWS:
+        coarse: dict[tuple, list[int]] = {}
+        for (culprit, state, inside, _last, _where), rs in groups.items():
+            coarse.setdefault((culprit, state, inside.split(" ")[0]), []).extend(rs)
+        rows = [(tuple(sorted(rs)), v.ranks[min(rs)], True) for rs in coarse.values()]
+        rows = [(rs, s, alike and any(_differs(v.ranks[r], s) for r in rs)) for rs, s, alike in rows]
+    else:
+        rows = [(tuple(rs), v.ranks[rs[0]], False) for rs in groups.values()]
     return sorted(rows, key=lambda x: x[0][0])
+
+
+def _differs(a: RankState, b: RankState) -> bool:
+    return (a.innermost_open, a.last_op, a.where) != (b.innermost_open, b.last_op, b.where)
+
+
+def _rank_label(ranks: Sequence[int], alike: bool = False) -> str:
+    """'0-6,8', or '1,016 ranks like rank 0' when the set is long or its ranks only alike."""
+    text = compact_ranks(ranks)
+    if alike or len(text) > _LABEL_CHARS:
+        return f"{len(ranks):,} ranks like rank {ranks[0]}" if alike else f"{len(ranks):,} ranks from {ranks[0]}"
+    return text
+
+
+def _rank_set(ranks: Sequence[int], limit: int = 160) -> str:
+    """A rank set for one line: compact, cut with its size when it would not fit."""
+    text = compact_ranks(ranks)
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(",", 1)[0] + f",... ({len(ranks):,} ranks)"
+
+
+def _hosts_of(v: Verdict, ranks: Sequence[int]) -> str:
+    hosts = sorted({v.ranks[r].host for r in ranks if r in v.ranks and v.ranks[r].host}, key=str)
+    if len(hosts) <= 3:
+        return ", ".join(hosts)
+    return f"{len(hosts)} hosts"
+
+
+def _hosts_line(v: Verdict) -> str:
+    """'hosts: node-0 ranks 0-1, node-1 ranks 2-3; clocks aligned to node-0 within +-2.1 ms (4 collectives)'."""
+    shown = v.hosts[:4]
+    parts = [f"{h.host} ranks {_rank_set(h.ranks, 40)}" for h in shown]
+    text = f"hosts: {len(v.hosts)} (" + ", ".join(parts) + (", ..." if len(v.hosts) > 4 else "") + ")"
+    ref = next((h.host for h in v.hosts if h.clock_basis == "reference"), None)
+    aligned = [h for h in v.hosts if h.clock_basis in ("collectives", "approximate")]
+    loose = [h.host for h in v.hosts if h.clock_basis == "none"]
+    if ref and aligned:
+        worst = max(aligned, key=lambda h: h.clock_error_ns or 0)
+        ops = sum(h.clock_ops for h in aligned)
+        text += (f"; clocks aligned to {ref} within +-{_ms(worst.clock_error_ns)}"
+                 f"{' (approximate)' if any(h.clock_basis == 'approximate' for h in aligned) else ''}"
+                 f" from {ops} collective(s); largest offset {_ms(max(abs(h.clock_offset_ns or 0) for h in aligned))}")
+    if loose:
+        text += f"; not aligned (no collective in common): {', '.join(loose[:4])}" + (" ..." if len(loose) > 4 else "")
+    return text
+
+
+def _ms(ns: int | None) -> str:
+    """A duration in the unit that reads best (ns, us, ms, s)."""
+    if ns is None:
+        return "?"
+    for unit, size in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
+        if abs(ns) >= size:
+            return f"{ns / size:.3g} {unit}"
+    return f"{ns} ns"
 
 
 def _inputs(con: Console, reads: Sequence[InputSummary], own_dirs: Sequence[str]) -> None:
@@ -81,23 +149,31 @@ def render(verdict: Verdict, width: int | None = 120, color: bool = False) -> st
     if v.operation is not None:
         con.print("operation: " + operation_text(v.operation), markup=False)
     if v.culprit_ranks:
-        con.print(Text(f"culprit ranks: {compact_ranks(v.culprit_ranks)}", style="red" if color else ""))
+        on = _hosts_of(v, v.culprit_ranks)
+        con.print(Text(f"culprit ranks: {_rank_set(v.culprit_ranks)}" + (f" (on {on})" if on else ""),
+                       style="red" if color else ""))
     if v.waiting_ranks:
-        con.print(f"waiting ranks: {compact_ranks(v.waiting_ranks)}")
+        con.print(f"waiting ranks: {_rank_set(v.waiting_ranks)}")
     if v.unobserved_ranks:
-        con.print(f"unobserved ranks (no evidence): {compact_ranks(v.unobserved_ranks)}")
+        con.print(f"unobserved ranks (no evidence): {_rank_set(v.unobserved_ranks)}")
+    if v.hosts:
+        con.print(_hosts_line(v), markup=False)
     if v.input_reads:
         _inputs(con, v.input_reads, [i for i in v.inputs if "/" in i])
     if v.ranks:
         t = Table(title=None, show_edge=False, pad_edge=False)
-        for col in ("rank", "state", "inside", "last op", "where"):
+        cols = ("rank", "host", "state", "inside", "last op", "where") if v.hosts else (
+            "rank", "state", "inside", "last op", "where")
+        for col in cols:
             t.add_column(col, overflow="fold")
-        for ranks, s in _rank_rows(v):
+        for ranks, s, alike in _rank_rows(v):
             culprit = ranks[0] in v.culprit_ranks
             style = "red" if culprit and color else ""
-            t.add_row(*(Text(c, style=style) for c in (
-                f"{compact_ranks(ranks)}{' *' if culprit else ''}", state_text(s.state), s.innermost_open or "",
-                s.last_op or "", s.where or (s.stack[0] if s.stack else ""))))
+            cells = [f"{_rank_label(ranks, alike)}{' *' if culprit else ''}", state_text(s.state),
+                     s.innermost_open or "", s.last_op or "", s.where or (s.stack[0] if s.stack else "")]
+            if v.hosts:
+                cells.insert(1, _hosts_of(v, ranks))
+            t.add_row(*(Text(c, style=style) for c in cells))
         con.print(t)
     ledger = ledger_text(v)
     if ledger:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
@@ -21,17 +22,77 @@ __all__ = ["finalize_host_dir", "EVENTS_SCHEMA_VERSION", "write_events", "seal_s
 EVENTS_SCHEMA_VERSION = "ranktrace.events/1"
 
 
-def write_events(path: Path, table: pa.Table) -> None:
-    """Arrow IPC *file* with the schema version in its metadata (self-describing)."""
-    table = table.replace_schema_metadata({"schema": EVENTS_SCHEMA_VERSION})
+def write_events(path: Path, table: pa.Table | Iterable[pa.Table]) -> None:
+    """Arrow IPC *file* with the schema version in its metadata (self-describing); its string columns
+    dictionary-encoded (ranktrace_ring.ENCODED: one growing dictionary per column, written as IPC dictionary deltas),
+    so a table per ring is written as it is read and a million-record ring costs ids, not strings. Beside it, its
+    index (hostdir.INDEX_NAME: each rank's rows and the ones an analysis keeps whatever their age), so a run of a
+    thousand ranks is analyzed without reading every row."""
+    from ranktrace.analyzers.hostdir import INDEX_NAME, EventsIndex
+
+    tables = [table] if isinstance(table, pa.Table) else table
+    target = ranktrace_ring.ENCODED.with_metadata({"schema": EVENTS_SCHEMA_VERSION})
+    dicts = _Dictionaries(target)
     tmp = path.with_name(path.name + ".tmp")
+    options = ipc.IpcWriteOptions(emit_dictionary_deltas=True)
+    parts, rows, indexable = [], 0, True
     try:
-        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table, max_chunksize=1 << 16)
+        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, target, options=options) as writer:
+            for t in tables:
+                if t.num_rows:
+                    part = EventsIndex.of_ring(t, rows) if indexable else None
+                    if part is not None:
+                        parts.append(part)
+                    writer.write_table(dicts.recode(t), max_chunksize=1 << 16)
+                    rows += t.num_rows
     except BaseException:
         tmp.unlink(missing_ok=True)  # a full disk: no half file left to hold its space (the rings stay the record)
         raise
+    index = path.with_name(INDEX_NAME)
+    index.unlink(missing_ok=True)  # never an index of an older events.arrow beside a new one
     tmp.replace(path)
+    if parts:
+        EventsIndex.write(index, parts, rows)
+
+
+class _Dictionaries:
+    """One dictionary per string column, extended as tables come (first-seen order): every table written refers to
+    a prefix-extension of the dictionary the previous one used, which the IPC file format takes as a delta."""
+
+    def __init__(self, target: pa.Schema) -> None:
+        self.target = target
+        self.names = [f.name for f in target if pa.types.is_dictionary(f.type)]
+        # seeded with "": an IPC writer takes an empty dictionary followed by any other as a replacement
+        self.values: dict[str, list[str]] = {n: [""] for n in self.names}
+        self.codes: dict[str, dict[str, int]] = {n: {"": 0} for n in self.names}
+
+    def recode(self, table: pa.Table) -> pa.Table:
+        table = table.cast(self.target) if table.schema != self.target else table
+        cols = []
+        for f in self.target:
+            col = table[f.name]
+            if f.name in self.codes:
+                col = self._recode(f.name, col)
+            cols.append(col)
+        return pa.table(cols, schema=self.target)
+
+    def _recode(self, name: str, col: pa.ChunkedArray) -> pa.ChunkedArray:
+        codes, values = self.codes[name], self.values[name]
+        pieces = []
+        for chunk in col.chunks:
+            local = chunk.dictionary.to_pylist()
+            look = []
+            for v in local:
+                if v is not None and v not in codes:
+                    codes[v] = len(values)
+                    values.append(v)
+                look.append(codes.get(v, 0) if v is not None else 0)
+            idx = np.asarray(chunk.indices.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+            null = chunk.is_null().to_numpy(zero_copy_only=False) if chunk.null_count else None
+            new = np.asarray(look + [0], dtype=np.int32)[idx]
+            pieces.append(pa.DictionaryArray.from_arrays(pa.array(new, pa.int32(), mask=null), pa.array(values,
+                                                                                                         pa.string())))
+        return pa.chunked_array(pieces, pa.dictionary(pa.int32(), pa.string()))
 
 
 def seal_samples(host_dir: Path) -> list[str]:
@@ -92,38 +153,46 @@ def finalize_host_dir(host_dir: Path) -> dict[str, Any]:
     """Write events.arrow from every ring; return {'pids': {pid: {...}}, 'versions': {...}, 'problems': [...],
     'hook_problems': [{'target', 'problem', 'ranks', 'pids'}]} (--hook targets that did not resolve, per job)."""
     host = host_dir.name
-    tables: list[pa.Table] = []
     pids: dict[str, Any] = {}
     versions: dict[str, Any] = {}
     problems: list[str] = []
     hook_problems: dict[tuple[str, str], dict[str, Any]] = {}
-    for ring in sorted((host_dir / "rings").glob("*.ring")):
-        try:
-            rc = read_ring(str(ring))
-        except (RingError, OSError) as e:
-            problems.append(str(e))
-            continue
-        rel = str(ring.relative_to(host_dir))
-        tables.append(ranktrace_ring.ring_to_events(rc, host, rel))
-        ident = ranktrace_ring.identity_of(rc)
-        pids[str(rc.pid)] = {"rank": ident.get("rank"), "world": ident.get("world"),
-                             "local_rank": ident.get("local_rank"), "ppid": ident.get("ppid"),
-                             "argv": ident.get("argv"), "ring": rel,
-                             "ops": rc.num_slots}
-        for m in rc.meta:
-            if m.get("type") == "versions":
-                versions.update({k: v for k, v in m.items() if k != "type" and v is not None})
-            elif m.get("type") == "hook_problem":  # --hook targets a rank could not patch (tracer.user_hooks)
-                hp = hook_problems.setdefault((str(m.get("target")), str(m.get("problem"))),
-                                              {"target": m.get("target"), "problem": m.get("problem"), "ranks": [],
-                                               "pids": []})
-                hp["pids"].append(rc.pid)
-                if ident.get("rank") is not None and ident["rank"] not in hp["ranks"]:
-                    hp["ranks"].append(ident["rank"])
-        if rc.torn_meta:
-            problems.append(f"{rel}: {rc.torn_meta} torn meta record(s)")
-    write_events(host_dir / "events.arrow", schema.concat(schema.EVENTS, tables))
+
+    def tables() -> Iterator[pa.Table]:  # one ring at a time: written as it is read
+        for ring in sorted((host_dir / "rings").glob("*.ring")):
+            try:
+                rc = read_ring(str(ring))
+            except (RingError, OSError) as e:
+                problems.append(str(e))
+                continue
+            rel = str(ring.relative_to(host_dir))
+            yield ranktrace_ring.ring_to_events(rc, host, rel, encoded=True)
+            _note_ring(rc, rel, pids, versions, problems, hook_problems)
+
+    write_events(host_dir / "events.arrow", tables())
     problems.extend(seal_samples(host_dir))
     remove_stale_sockets(host_dir)
     return {"pids": pids, "versions": versions, "problems": problems,
             "hook_problems": [dict(v, ranks=sorted(v["ranks"]), pids=sorted(v["pids"])) for v in hook_problems.values()]}
+
+
+def _note_ring(rc: Any, rel: str, pids: dict[str, Any], versions: dict[str, Any], problems: list[str],
+               hook_problems: dict[tuple[str, str], dict[str, Any]]) -> None:
+    """What meta.json keeps of one ring: its process (pid -> rank), versions seen, --hook problems, torn records."""
+    ident = ranktrace_ring.identity_of(rc)
+    pids[str(rc.pid)] = {"rank": ident.get("rank"), "world": ident.get("world"),
+                         "local_rank": ident.get("local_rank"), "ppid": ident.get("ppid"),
+                         "argv": ident.get("argv"), "ring": rel,
+                         "ops": rc.num_slots}
+    for m in rc.meta:
+        if m.get("type") == "versions":
+            versions.update({k: v for k, v in m.items() if k != "type" and v is not None})
+        elif m.get("type") == "hook_problem":  # --hook targets a rank could not patch (tracer.user_hooks)
+            hp = hook_problems.setdefault((str(m.get("target")), str(m.get("problem"))),
+                                          {"target": m.get("target"), "problem": m.get("problem"), "ranks": [],
+                                           "pids": []})
+            hp["pids"].append(rc.pid)
+            if ident.get("rank") is not None and ident["rank"] not in hp["ranks"]:
+                hp["ranks"].append(ident["rank"])
+    if rc.torn_meta:
+        problems.append(f"{rel}: {rc.torn_meta} torn meta record(s)")

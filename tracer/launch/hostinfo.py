@@ -7,10 +7,11 @@ in one line and carry on.
 from __future__ import annotations
 
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["host_key", "GpuInfo", "probe_gpus"]
+__all__ = ["host_key", "clock_pair", "GpuInfo", "probe_gpus"]
 
 
 def host_key() -> str:
@@ -21,6 +22,13 @@ def host_key() -> str:
     except OSError:
         boot = "noboot"
     return f"{host}-{boot}"
+
+
+def clock_pair() -> dict[str, int]:
+    """This host's clocks read together: CLOCK_MONOTONIC (what rings record), wall time and CLOCK_BOOTTIME. Two pairs
+    (start and end of a run, in meta.json) show how the wall clock moved against the monotonic one meanwhile."""
+    return {"mono_ns": time.monotonic_ns(), "wall_ns": time.time_ns(),
+            "boottime_ns": time.clock_gettime_ns(time.CLOCK_BOOTTIME)}
 
 
 @dataclass

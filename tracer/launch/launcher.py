@@ -37,6 +37,7 @@ from ranktrace.tracer.launch import meta
 from ranktrace.tracer.launch import nsys
 from ranktrace.tracer.launch import output_log
 from ranktrace.tracer.launch import profiles
+from ranktrace.tracer.launch import runid
 from ranktrace.tracer.launch import sysfacts
 from ranktrace.tracer.launch.guardian import Guardian, job_processes
 from ranktrace.tracer.watch.monitor import Monitor, MonitorOptions
@@ -73,6 +74,8 @@ class RunOptions:
     nsys_args: str = ""           # --nsys-args "...": more `nsys profile` switches
     profiles: tuple = ()          # tracer.launch.profiles.Profile values, chosen by the CLI (profiles.choose)
     profile_source: str = ""      # how they were chosen, for meta.json ("the command", "--profile")
+    run_id: str | None = None     # --run-id: one run across hosts (else the launcher's job id, launch/runid.py)
+    host_label: str | None = None  # --host-label: this host's directory name (else hostname + boot id)
 
 
 @dataclass
@@ -118,7 +121,11 @@ def check_command(command: Sequence[str]) -> str:
 
 
 def prepare_run_dir(opts: RunOptions) -> tuple[Path, Path]:
-    """Create ``<run>/<host>/`` (never reusing a non-empty run dir). Raises LaunchError before anything exists."""
+    """Create ``<run>/<host>/`` (never reusing a non-empty run dir; a run with a run id joins its run dir, each
+    host in its own directory). Raises LaunchError before anything exists."""
+    rid = runid.find_run_id(opts.run_id, os.environ, opts.command)
+    if rid is not None:
+        return _prepare_shared_run_dir(opts, rid)
     if opts.out is not None:
         run_dir = opts.out
         if run_dir.exists() and not run_dir.is_dir():
@@ -144,7 +151,7 @@ def prepare_run_dir(opts: RunOptions) -> tuple[Path, Path]:
         raise LaunchError(f"output directory {run_dir}: only {free >> 20} MiB free on {probe_from}, need 64 MiB")
     created = not run_dir.exists()
     try:
-        host_dir = run_dir / hostinfo.host_key()
+        host_dir = run_dir / (opts.host_label or hostinfo.host_key())
         owner_only_dir(run_dir)  # stacks, command lines, rings: the run folder is its owner's alone
         for sub in ("rings", "nccl"):
             (host_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -163,6 +170,38 @@ def owner_only_dir(path: Path) -> None:
     the verdict) is readable by its owner alone, at any umask. The parents keep their usual mode."""
     path.mkdir(parents=True, exist_ok=True)
     os.chmod(path, 0o700)
+
+
+def _prepare_shared_run_dir(opts: RunOptions, rid: runid.RunId) -> tuple[Path, Path]:
+    """``<run>/<host>/`` of a run that spans hosts: the run dir is joined (made by whichever node comes first), this
+    host's directory claimed in it; the same checks as a run of its own, and nothing of another host touched."""
+    first = opts.out if opts.out is not None else opts.base_dir / rid.dir_name
+    probe_from = first
+    while not probe_from.exists():
+        probe_from = probe_from.parent
+    if not os.access(probe_from, os.W_OK | os.X_OK):
+        raise LaunchError(f"output directory {first}: {probe_from} is not writable")
+    free = shutil.disk_usage(probe_from).free
+    if free < MIN_FREE_BYTES:
+        raise LaunchError(f"output directory {first}: only {free >> 20} MiB free on {probe_from}, need 64 MiB")
+    try:
+        run_dir, host_dir = runid.claim_run_dir(first, runid.host_dir_name(opts.host_label, os.environ), rid,
+                                                exact=opts.out is not None)
+    except runid.RunDirError as e:
+        raise LaunchError(str(e)) from None
+    except OSError as e:
+        raise LaunchError(f"output directory {first}: {e.strerror or e}") from e
+    try:
+        owner_only_dir(host_dir)  # the run folder is shared by the job's nodes; what each host writes is private
+        for sub in ("rings", "nccl"):
+            (host_dir / sub).mkdir(parents=True, exist_ok=True)
+        probe = host_dir / ".write-probe"
+        probe.write_bytes(b"x" * 4096)
+        probe.unlink()
+    except OSError as e:
+        shutil.rmtree(host_dir, ignore_errors=True)  # ours alone: the run dir may hold other hosts already
+        raise LaunchError(f"output directory {run_dir}: {e.strerror or e}") from e
+    return run_dir, host_dir
 
 
 def exit_code_of(returncode: int) -> int:
@@ -249,6 +288,7 @@ def _prepare(opts: RunOptions) -> tuple[Path, Path, envplan.EnvPlan]:
                                     hooks=opts.hooks, profile_plan=profile_plan)
     m = meta.initial_meta(opts.command, os.environ, plan.added, host_dir.name, run_dir.name)
     m["profile"] = profile_meta
+    m.update(runid.meta_fields(runid.find_run_id(opts.run_id, os.environ, opts.command), opts.host_label))
     meta.write_meta(host_dir, m)
     return run_dir, host_dir, plan
 
@@ -489,6 +529,7 @@ def _record_exit(host_dir: Path, returncode: int, job: _Job, gpu: hostinfo.GpuIn
                   "interrupted_wall_ns": job.interrupted_ns},
             gpus=gpu.gpus if gpu else [],
             driver={"version": gpu.driver, "cuda": gpu.cuda_driver} if gpu else None,
+            clock_end=hostinfo.clock_pair(),
         )
     except (OSError, ValueError) as e:  # trace dir deleted or damaged under us: the job's status still counts
         log(f"could not update {host_dir / 'meta.json'}: {e}")

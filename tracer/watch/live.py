@@ -70,7 +70,8 @@ def live_pids(host_dir: Path) -> list[int]:
     meta = _meta(host_dir)
     if meta.get("exit") or meta.get("hostname") not in (None, os.uname().nodename):
         return []
-    if host_dir.name.startswith(f"{socket.gethostname()}-") and host_dir.name != hostinfo.host_key():
+    key = meta.get("host_key") or (host_dir.name if host_dir.name.startswith(f"{socket.gethostname()}-") else None)
+    if key is not None and key != hostinfo.host_key():  # the dir may be named by a --host-label: meta.json's key
         return []  # this machine rebooted since: none of those processes exists any more
     pids = []
     with_ring = set()

@@ -136,6 +136,7 @@ class Monitor:
         self.off: set[str] = set()           # samplers switched off after a failure (said once each)
         self.pyspy = burst.find_pyspy()
         self._said_no_pyspy = False
+        self._rounds: dict[str, int] = {}     # where each periodic sampler resumes its turn (_next_round)
         self._ras_off = opts.ras_addr is None
         self.proc_log = self.stack_log = self.gpu_log = None
         if opts.samples:
@@ -195,7 +196,8 @@ class Monitor:
                 st.saw_collective = True
         pids = self.pids()
         try:
-            counters = self.procs.sample(pids, self.ranks(), threads="proc" not in self.off)
+            counters = self.procs.sample(pids, self.ranks(), threads="proc" not in self.off and set(
+                self._next_round("threads", pids)))
         except Exception as e:  # a /proc surprise or a full disk: keep the progress reads, drop the rows
             self._fail("proc", e)
             self.procs.log = None
@@ -262,7 +264,7 @@ class Monitor:
         """One non-blocking py-spy round over every rank, recorded in stacks.arrow; {} without py-spy."""
         from ranktrace.tracer.watch.stack_sampler import agent_dumps, dump_all
 
-        pids = self.pids()
+        pids = self._next_round("stacks", self.pids())
         if self.pyspy is None and not self._said_no_pyspy:
             self._said_no_pyspy = True
             self.note("py-spy not found or turned off: stack samples come from the in-rank agents only")
@@ -277,6 +279,18 @@ class Monitor:
             except Exception as e:
                 self._fail("stacks", e)
         return dumps
+
+    #: per-host budget of the periodic samplers (issue #19): past this many processes, each round reads this many
+    #: of them in turn, so a host of 64 small ranks costs what one of 8 does (a burst still reads every one)
+    ROUND = 8
+
+    def _next_round(self, what: str, pids: list[int]) -> list[int]:
+        """The pids this round of `what` reads: all of them, or ROUND of them in turn."""
+        if len(pids) <= self.ROUND:
+            return pids
+        start = self._rounds.get(what, 0) % len(pids)
+        self._rounds[what] = start + self.ROUND
+        return (pids[start:] + pids[:start])[:self.ROUND]
 
     def _stack_progress(self, dumps: dict[int, Any]) -> bool:
         """Running non-poller threads, or changed stacks, are progress."""

@@ -57,8 +57,9 @@ class ProcSampler:
         self._threads: dict[tuple[int, int], tuple[tuple[Any, ...], float]] = {}  # last written key, when
 
     def sample(self, pids: Iterable[int], ranks: dict[int, int | None] | None = None,
-               threads: bool = True) -> dict[int, ProcCounters]:
-        """Counters per live pid (zombies and vanished processes are left out)."""
+               threads: bool | set[int] = True) -> dict[int, ProcCounters]:
+        """Counters per live pid (zombies and vanished processes are left out). `threads`: read the threads of every
+        pid, of none, or of these pids only (a host of many ranks reads its ranks' threads a few at a time)."""
         wall, mono = time.time_ns(), time.monotonic_ns()
         now = mono / 1e9
         out: dict[int, ProcCounters] = {}
@@ -98,10 +99,11 @@ class ProcSampler:
                 "rchar": io.get(b"rchar"), "wchar": io.get(b"wchar"), "read_bytes": io.get(b"read_bytes"),
                 "write_bytes": io.get(b"write_bytes"),
             })
-            if threads:
+            if threads is True or (threads and pid in threads):
                 self._sample_threads(pid, rank, wall, mono, now, seen)
-        for key in [k for k in self._threads if k not in seen]:
-            del self._threads[key]
+        looked = {p for p, _t in seen}
+        for key in [k for k in self._threads if k not in seen and (k[0] in looked or k[0] not in out)]:
+            del self._threads[key]  # a thread gone from a process read now, or of a process gone
         return out
 
     def _sample_threads(self, pid: int, rank: int | None, wall: int, mono: int, now: float,

@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from ranktrace.analyzers.readers.base import ColumnMap, ReaderError, ReadResult, Skipped
-from ranktrace.analyzers.readers.ranktrace_ring.events import RING_WRAPPED, identity_of, ring_to_events
+from ranktrace.analyzers.readers.ranktrace_ring.events import ENCODED, RING_WRAPPED, identity_of, ring_to_events
 from ranktrace.tracer import ringformat as rf
 from ranktrace.tracer.ringreader import RingError, read_ring
 
-__all__ = ["FORMAT", "FIELD_MAP", "RING_WRAPPED", "sniff", "read", "ring_to_events", "identity_of"]
+__all__ = ["FORMAT", "FIELD_MAP", "RING_WRAPPED", "ENCODED", "sniff", "read", "ring_to_events", "identity_of"]
 
 FORMAT = "ranktrace_ring"
 

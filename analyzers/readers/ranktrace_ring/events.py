@@ -1,6 +1,6 @@
 """One ring's contents (tracer.ringformat) as an EVENTS table, vectorised: op slots arrive as numpy columns, string
-ids map through one ``take``, the rare meta-region events (init, phases, graph captures) are merged in as rows, and
-identity and group records are joined onto every row."""
+ids become dictionary indices (decoded at the end, or kept encoded for events.arrow), the rare meta-region events
+(init, phases, graph captures) are merged in as rows, and identity and group records are joined onto every row."""
 from __future__ import annotations
 
 from typing import Any
@@ -12,7 +12,7 @@ from ranktrace.analyzers import schema
 from ranktrace.tracer import ringformat as rf
 from ranktrace.tracer.ringreader import RingContents
 
-__all__ = ["RING_WRAPPED", "ring_to_events", "identity_of", "roles_text"]
+__all__ = ["RING_WRAPPED", "ENCODED", "ring_to_events", "identity_of", "roles_text"]
 
 _ROLE_ORDER = ("dp", "pp", "attn_cp", "moe_dp", "pcp", "tp", "dcp", "ep", "rank", "local_rank")
 
@@ -24,6 +24,9 @@ def roles_text(roles: dict[str, Any]) -> str:
         " ".join(f"{k}={roles[k]}" for k in keys)
 
 RING_WRAPPED = "ring_wrapped"  # mark at a wrapped ring's oldest surviving record
+# EVENTS with every string column dictionary-encoded (what events.arrow holds since issue #19)
+ENCODED = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), pa.string())) if f.type == pa.string() else f
+                     for f in schema.EVENTS], metadata=schema.EVENTS.metadata)
 
 
 def identity_of(rc: RingContents) -> dict[str, Any]:
@@ -40,8 +43,20 @@ def _groups(rc: RingContents) -> dict[str, dict[str, Any]]:
     return {m["name"]: m for m in rc.meta if m.get("type") == "group" and m.get("name") is not None}
 
 
-def ring_to_events(rc: RingContents, host: str, file: str) -> pa.Table:
-    """All events of one ring as an EVENTS table (slots and meta-region events, in time order)."""
+def _dict(ids: np.ndarray, values: list[Any], missing: np.ndarray | None = None) -> pa.Array:
+    """A dictionary-encoded string column: `ids` index `values` (one entry per string id), null where `missing`."""
+    return pa.DictionaryArray.from_arrays(pa.array(ids.astype(np.int32, copy=False), pa.int32(), mask=missing),
+                                          pa.array(values, pa.string()))
+
+
+def ring_to_events(rc: RingContents, host: str, file: str, *, encoded: bool = False) -> pa.Table:
+    """All events of one ring as an EVENTS table (slots and meta-region events, in time order).
+
+    String columns are built as dictionaries over the ring's own string table (the slots carry ids) and decoded at
+    the end, or kept encoded (`encoded`: dictionary<int32, string> columns, for writing events.arrow). A group's
+    member list (``group_ranks``) is carried by the last row of that group in the ring and by its meta-region rows,
+    not by every op: a 1,024-rank group would otherwise put 4 KiB on every record. The analysis reads a group's
+    members from its last row that has them, which this keeps."""
     ident = identity_of(rc)
     rank, world = ident.get("rank"), ident.get("world")
     groups = _groups(rc)
@@ -49,19 +64,19 @@ def ring_to_events(rc: RingContents, host: str, file: str) -> pa.Table:
     arr = rc.columns() if n else {}
     max_id = max(rc.strings) if rc.strings else 0
     strings = [rc.strings.get(i, "?") for i in range(max_id + 1)]
-    str_arr = pa.array(strings, pa.string())
 
-    def ids(col: str) -> pa.Array:
-        """String ids as take indices: 0 (no string) is null; ids past the table clamp to its last entry."""
+    def ids(col: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """String ids as dictionary indices: 0 (no string) is null; ids past the table clamp to its last entry."""
         raw = arr[col]
         none = raw == 0
-        return pa.array(raw if int(raw.max()) <= max_id else np.minimum(raw, max_id).astype(raw.dtype),
-                        mask=none if none.any() else None)
+        return (raw if int(raw.max()) <= max_id else np.minimum(raw, max_id).astype(raw.dtype),
+                none if none.any() else None)
 
     def s(col: str) -> pa.Array:
         if not arr[col].any():  # e.g. no op failed: no error strings
-            return pa.nulls(n, pa.string())
-        return str_arr.take(ids(col))
+            return pa.nulls(n, pa.dictionary(pa.int32(), pa.string()))
+        idx, none = ids(col)
+        return _dict(idx, strings, none)
 
     def opt(col: str, none: int, typ: pa.DataType) -> pa.Array:
         v = arr[col]
@@ -70,29 +85,46 @@ def ring_to_events(rc: RingContents, host: str, file: str) -> pa.Table:
     def const(value: Any, typ: pa.DataType) -> pa.Array:
         return pa.repeat(pa.scalar(value, typ), n)
 
+    def const_str(value: str) -> pa.Array:
+        return _dict(np.zeros(n, dtype=np.int32), [value])
+
     cols: dict[str, Any] = {}
     if n:
-        kinds = pa.array(rf.KINDS + ("unknown",) * (256 - len(rf.KINDS)), pa.string()).take(pa.array(arr["kind"]))
-        cats = pa.array(rf.CATEGORIES + ("user",) * (256 - len(rf.CATEGORIES)), pa.string()).take(
-            pa.array(arr["category"]))
-        group_ids = ids("group")
+        group_idx, no_group = ids("group")
         # group records joined per string id (the string table is small; the slots only carry ids)
         by_id = [groups.get(g) or {} for g in strings]
+
+        def per_group(key: str) -> pa.Array:
+            values = [g.get(key) for g in by_id]
+            absent = np.array([v is None for v in values], dtype=bool)[group_idx]
+            if no_group is not None:
+                absent |= no_group
+            return _dict(group_idx, ["" if v is None else v for v in values], absent if absent.any() else None)
+
+        # members on each group's last row only (and the meta rows below)
+        member_lists = [g.get("ranks") for g in by_id]
+        last_row = np.full(max_id + 1, -1, dtype=np.int64)
+        np.maximum.at(last_row, group_idx, np.arange(n))
+        carriers = last_row[(last_row >= 0) & np.array([m is not None for m in member_lists], dtype=bool)]
+        members = np.full(n, -1, dtype=np.int64)
+        members[carriers] = group_idx[carriers]
+        has = members >= 0
         cols = {
-            "host": const(host, pa.string()),
+            "host": const_str(host),
             "pid": const(rc.pid, pa.int64()),
             "tid": pa.array(arr["tid"].astype(np.int64)),
             "rank": const(rank, pa.int32()),
             "world": const(world, pa.int32()),
             "t_ns": pa.array(arr["t_ns"]),
             "wall_ns": pa.array(arr["t_ns"] - rc.mono0_ns + rc.wall0_ns),
-            "kind": kinds,
+            "kind": _dict(arr["kind"], list(rf.KINDS + ("unknown",) * (256 - len(rf.KINDS)))),
             "name": s("name"),
-            "category": cats,
-            "group": str_arr.take(group_ids),
-            "group_desc": pa.array([g.get("desc") for g in by_id], pa.string()).take(group_ids),
-            "backend": pa.array([g.get("backend") for g in by_id], pa.string()).take(group_ids),
-            "group_ranks": pa.array([g.get("ranks") for g in by_id], pa.list_(pa.int32())).take(group_ids),
+            "category": _dict(arr["category"], list(rf.CATEGORIES + ("user",) * (256 - len(rf.CATEGORIES)))),
+            "group": _dict(group_idx, strings, no_group),
+            "group_desc": per_group("desc"),
+            "backend": per_group("backend"),
+            "group_ranks": pa.array(member_lists, pa.list_(pa.int32())).take(
+                pa.array(np.where(has, members, 0), mask=~has)) if has.any() else pa.nulls(n, pa.list_(pa.int32())),
             "seq": opt("seq", rf.NONE_I64, pa.int64()),
             "backend_seq": opt("backend_seq", rf.NONE_I64, pa.int64()),
             "peer": opt("peer", rf.NONE_I32, pa.int32()),
@@ -106,14 +138,14 @@ def ring_to_events(rc: RingContents, host: str, file: str) -> pa.Table:
             "parent_span_id": pa.array(arr["parent_span_id"], mask=(arr["parent_span_id"] == 0)),
             "error": s("error"),
             "async_op": pa.array((arr["flags"] & rf.FLAG_ASYNC) != 0),
-            "source": const("events", pa.string()),
-            "file": const(file, pa.string()),
+            "source": const_str("events"),
+            "file": const_str(file),
             "line": pa.array(arr["commit"].astype(np.int64) - 1),
         }
-        slot_table = pa.table({name: cols.get(name, pa.nulls(n, schema.EVENTS.field(name).type))
-                               for name in schema.EVENTS.names}, schema=schema.EVENTS)
+        slot_table = pa.table({name: cols.get(name, pa.nulls(n, ENCODED.field(name).type))
+                               for name in ENCODED.names}, schema=ENCODED)
     else:
-        slot_table = schema.empty(schema.EVENTS)
+        slot_table = ENCODED.empty_table()
     meta_rows = []
     for i, m in enumerate(rc.meta):
         if m.get("type") != "event":
@@ -145,14 +177,16 @@ def ring_to_events(rc: RingContents, host: str, file: str) -> pa.Table:
     if rc.lost_ops and n:
         # The wrap lost this rank's oldest ops: from here on, "no record of op k" is not "never issued op k" for a
         # channel with no record left (analyzers.waitfor reads this mark).
-        first = int(arr["t_ns"].min())
+        first = int(arr["t_ns"].min()) if rc.oldest_t_ns is None else rc.oldest_t_ns
         meta_rows.append({
             "host": host, "pid": rc.pid, "rank": rank, "world": world, "t_ns": first,
             "wall_ns": first - rc.mono0_ns + rc.wall0_ns, "kind": "mark", "name": RING_WRAPPED,
             "detail": f"{rc.lost_ops} older op record(s) overwritten by the ring wrap before this time",
             "source": "events", "file": file, "line": -(len(rc.meta) + 1),
         })
-    return _in_time_order(slot_table, arr.get("t_ns"), schema.table_from_rows(schema.EVENTS, meta_rows))
+    meta_table = schema.table_from_rows(schema.EVENTS, meta_rows).cast(ENCODED)
+    table = _in_time_order(slot_table, arr.get("t_ns"), meta_table)
+    return table if encoded else table.cast(schema.EVENTS)
 
 
 _MAX_MERGE_PIECES = 64
