@@ -140,29 +140,38 @@ def prepare_run_dir(opts: RunOptions) -> tuple[Path, Path]:
         while run_dir.exists():
             n += 1
             run_dir = base.with_name(f"{base.name}-{n}")
-    parent = run_dir.parent
-    probe_from = parent
-    while not probe_from.exists():
-        probe_from = probe_from.parent
-    if not os.access(probe_from, os.W_OK | os.X_OK):
-        raise LaunchError(f"output directory {run_dir}: {probe_from} is not writable")
-    free = shutil.disk_usage(probe_from).free
-    if free < MIN_FREE_BYTES:
-        raise LaunchError(f"output directory {run_dir}: only {free >> 20} MiB free on {probe_from}, need 64 MiB")
+    _check_room(run_dir, run_dir.parent)
     created = not run_dir.exists()
     try:
         host_dir = run_dir / (opts.host_label or hostinfo.host_key())
         owner_only_dir(run_dir)  # stacks, command lines, rings: the run folder is its owner's alone
-        for sub in ("rings", "nccl"):
-            (host_dir / sub).mkdir(parents=True, exist_ok=True)
-        probe = host_dir / ".write-probe"
-        probe.write_bytes(b"x" * 4096)
-        probe.unlink()
+        _fill_host_dir(host_dir)
     except OSError as e:
         if created:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise LaunchError(f"output directory {run_dir}: {e.strerror or e}") from e
     return run_dir, host_dir
+
+
+def _check_room(target: Path, start: Path) -> None:
+    """The nearest existing folder at or above `start` is writable and has 64 MiB free, else LaunchError."""
+    probe_from = start
+    while not probe_from.exists():
+        probe_from = probe_from.parent
+    if not os.access(probe_from, os.W_OK | os.X_OK):
+        raise LaunchError(f"output directory {target}: {probe_from} is not writable")
+    free = shutil.disk_usage(probe_from).free
+    if free < MIN_FREE_BYTES:
+        raise LaunchError(f"output directory {target}: only {free >> 20} MiB free on {probe_from}, need 64 MiB")
+
+
+def _fill_host_dir(host_dir: Path) -> None:
+    """rings/ and nccl/ made, and a 4 KiB write tried, before the job starts (OSError when either fails)."""
+    for sub in ("rings", "nccl"):
+        (host_dir / sub).mkdir(parents=True, exist_ok=True)
+    probe = host_dir / ".write-probe"
+    probe.write_bytes(b"x" * 4096)
+    probe.unlink()
 
 
 def owner_only_dir(path: Path) -> None:
@@ -176,14 +185,7 @@ def _prepare_shared_run_dir(opts: RunOptions, rid: runid.RunId) -> tuple[Path, P
     """``<run>/<host>/`` of a run that spans hosts: the run dir is joined (made by whichever node comes first), this
     host's directory claimed in it; the same checks as a run of its own, and nothing of another host touched."""
     first = opts.out if opts.out is not None else opts.base_dir / rid.dir_name
-    probe_from = first
-    while not probe_from.exists():
-        probe_from = probe_from.parent
-    if not os.access(probe_from, os.W_OK | os.X_OK):
-        raise LaunchError(f"output directory {first}: {probe_from} is not writable")
-    free = shutil.disk_usage(probe_from).free
-    if free < MIN_FREE_BYTES:
-        raise LaunchError(f"output directory {first}: only {free >> 20} MiB free on {probe_from}, need 64 MiB")
+    _check_room(first, first)
     try:
         run_dir, host_dir = runid.claim_run_dir(first, runid.host_dir_name(opts.host_label, os.environ), rid,
                                                 exact=opts.out is not None)
@@ -193,11 +195,7 @@ def _prepare_shared_run_dir(opts: RunOptions, rid: runid.RunId) -> tuple[Path, P
         raise LaunchError(f"output directory {first}: {e.strerror or e}") from e
     try:
         owner_only_dir(host_dir)  # the run folder is shared by the job's nodes; what each host writes is private
-        for sub in ("rings", "nccl"):
-            (host_dir / sub).mkdir(parents=True, exist_ok=True)
-        probe = host_dir / ".write-probe"
-        probe.write_bytes(b"x" * 4096)
-        probe.unlink()
+        _fill_host_dir(host_dir)
     except OSError as e:
         shutil.rmtree(host_dir, ignore_errors=True)  # ours alone: the run dir may hold other hosts already
         raise LaunchError(f"output directory {run_dir}: {e.strerror or e}") from e
