@@ -95,3 +95,13 @@ def test_the_field_score_does_not_drop() -> None:
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     alone = res.stdout.strip().splitlines()[-1]
     assert "files alone: " in alone and int(alone.split("files alone: ")[1].split("/")[0]) >= 94, alone
+
+
+def test_an_unnamed_stuck_collective_renders() -> None:
+    # an nccl-tests output that stops after its header with no command line: the op is not stated
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "ranktrace.cli", "analyze", "--no-snapshot",
+                          str(FIELD / "nccl-85" / "output.txt")], capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in res.stderr and "stuck_in_collective" in res.stdout, res.stderr[-2000:]
