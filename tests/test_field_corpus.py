@@ -105,3 +105,10 @@ def test_an_unnamed_stuck_collective_renders() -> None:
     res = subprocess.run([sys.executable, "-m", "ranktrace.cli", "analyze", "--no-snapshot",
                           str(FIELD / "nccl-85" / "output.txt")], capture_output=True, text=True, timeout=120)
     assert "Traceback" not in res.stderr and "stuck_in_collective" in res.stdout, res.stderr[-2000:]
+
+
+def test_crossed_horovod_stall_is_a_mismatch() -> None:
+    # rank 0 is missing from broadcast.bool.sz while rank 1 is missing from the allreduces rank 0 submitted
+    assert brief(verdict("lightning-pr5155"))[:3] == ("hang", "collective_mismatch", "broadcast")
+    # ranks missing from the same op stay stragglers
+    assert brief(verdict("horovod-364"))[:2] == ("hang", "missing_ranks")
