@@ -112,3 +112,14 @@ def test_crossed_horovod_stall_is_a_mismatch() -> None:
     assert brief(verdict("lightning-pr5155"))[:3] == ("hang", "collective_mismatch", "broadcast")
     # ranks missing from the same op stay stragglers
     assert brief(verdict("horovod-364"))[:2] == ("hang", "missing_ranks")
+
+
+def test_stream_capture_error_is_a_failed_graph_capture(tmp_path: Path) -> None:
+    # vLLM's worker logs "Search for `cudaErrorStreamCaptureUnsupported'" (the exception line itself cut)
+    assert brief(verdict("club3090-106"))[:3] == ("crashed", "graph_capture", "cuda_graph_capture")
+    # the same error in a plain training traceback
+    p = tmp_path / "err.txt"
+    p.write_text('Traceback (most recent call last):\n  File "train.py", line 10, in <module>\n    g.capture_end()\n'
+                 "RuntimeError: CUDA error: operation not permitted when stream is capturing\n")
+    v = facade.analyze([p], liveness=None).verdict.to_dict()
+    assert (v["status"], v["kind"]) == ("crashed", "graph_capture")
