@@ -26,7 +26,7 @@ LOG_PHASES = {
     "load_weights_begin": ("weight_loading", "begin"), "load_weights_end": ("weight_loading", "end"),
     "kv_cache_alloc": ("kv_cache_alloc", "point"),
     "cuda_graph_capture_begin": ("cuda_graph_init", "begin"), "cuda_graph_capture_end": ("cuda_graph_init", "end"),
-    "serving": ("serving", "begin"),
+    "cuda_graph_capture_error": ("cuda_graph_init", "point"), "serving": ("serving", "begin"),
 }
 # how a person reads a phase name
 PHASE_TEXT = {

@@ -267,7 +267,7 @@ def compact_ranks(ranks: "list[int] | tuple[int, ...] | set[int]") -> str:
 def operation_text(op: Operation) -> str:
     """'all_reduce, group 0 (default_pg), members 0-3, seq 5, float32 [64, 64], at train.py:77 step' — the
     operation line every renderer shows."""
-    bits = [op.name]
+    bits = [op.name or "(collective not named)"]
     if op.group is not None:
         bits.append(f"group {op.group}" + (f" ({op.group_desc})" if op.group_desc else ""))
     if op.group_ranks:

@@ -7,14 +7,19 @@ capturing leaves its peers waiting in their next real collective.
 """
 from __future__ import annotations
 
+import re
+
 from ranktrace.analyzers.diagnose.candidate import Candidate, ranks_text, stack_evidence
 from ranktrace.analyzers.diagnose.context import Context
+from ranktrace.analyzers.readers.server_log.scan import CAPTURE_ERROR
 from ranktrace.analyzers.verdict import Evidence, Finding, Operation
 
 __all__ = ["graph_capture"]
 
 BEGIN = "cuda_graph_capture_begin"
 END = "cuda_graph_capture_end"
+ERROR = "cuda_graph_capture_error"
+_CAPTURE_ERROR = re.compile(CAPTURE_ERROR)
 
 
 def graph_capture(ctx: Context) -> list[Candidate]:
@@ -27,6 +32,9 @@ def graph_capture(ctx: Context) -> list[Candidate]:
                  and r not in gone}
     capturing_ops = {s.rank for s in ctx.open_spans if s.capturing and s.rank is not None and s.rank not in gone}
     marks = _capture_marks(ctx)
+    failed = _capture_errors(ctx)
+    if failed and not open_caps and not capturing_ops:
+        return _failed_capture(ctx, failed)
     regs = {o["rank"]: o for o in ctx.observations("graph_registration") if o["rank"] is not None}
     in_capture = set(open_caps) | capturing_ops | {r for r, (b, e) in marks.items() if b and not e}
     if not in_capture and not (regs and marks):
@@ -97,3 +105,36 @@ def _capture_marks(ctx: Context) -> dict[int, tuple[dict | None, dict | None]]:
             e = r
         out[r["rank"]] = (b, e)
     return out
+
+
+def _capture_errors(ctx: Context) -> list[dict]:
+    """The CUDA runtime's stream-capture errors (cudaErrorStreamCaptureUnsupported, ...), one row per rank (or one
+    with no rank)."""
+    import pyarrow.compute as pc
+
+    ev = ctx.events
+    rows = ev.filter(pc.and_(pc.equal(ev["kind"], "mark"), pc.equal(ev["name"], ERROR))).to_pylist() \
+        if ev.num_rows else []
+    # the same error raised in a traceback of any program (torch.cuda.graph capture in a training script)
+    rows += [o for o in ctx.observations("exception") if _CAPTURE_ERROR.search(o["detail"] or "")]
+    out: dict[object, dict] = {}
+    for r in rows:
+        out.setdefault(r["rank"], r)
+    return list(out.values())
+
+
+def _failed_capture(ctx: Context, rows: list[dict]) -> list[Candidate]:
+    """A CUDA call that capture forbids was made while a stream was capturing: the process raises, inside capture."""
+    ranks = tuple(sorted({r["rank"] for r in rows if r["rank"] is not None}))
+    who = ranks_text(ranks) if ranks else "a process"
+    summary = (f"{who} failed inside CUDA graph capture: a CUDA call that capture does not allow (a host sync, a "
+               f"copy or a collective outside the captured stream) — {(rows[0]['detail'] or '')[:160]}")
+    evidence = tuple(Evidence(r["source"] or "server_log", r["file"], r["line"], (r["detail"] or "")[:200], r["rank"])
+                     for r in rows[:8])
+    steps = ["Relaunch with CUDA graphs off to confirm (vLLM --enforce-eager, SGLang --disable-cuda-graph); then find "
+             "the call inside the captured region that syncs or runs outside the capture stream (the traceback's "
+             "innermost frame of the capture), or use a release that fixed it."]
+    return [Candidate("graph_capture", summary, culprits=ranks, waiting=(),
+                      operation=Operation(name="cuda_graph_capture", phase="cuda_graph_capture"),
+                      findings=[Finding("graph_capture", summary, ranks, 0.8, evidence)],
+                      next_steps=steps)]

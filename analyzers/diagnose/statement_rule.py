@@ -38,6 +38,9 @@ def _evidence(rows: list[dict[str, Any]], what: str) -> tuple[Evidence, ...]:
 
 def stated_missing(ctx: Context) -> list[Candidate]:
     rows = [r for k in MISSING_KINDS for r in ctx.observations(k) if r["rank"] is not None]
+    crossed = _crossed(rows)
+    if crossed:
+        return crossed
     if not rows:
         rows = _implied_by_joined(ctx)
     if not rows:
@@ -73,6 +76,38 @@ def stated_missing(ctx: Context) -> list[Candidate]:
                       wait_for=tuple(WaitEdge(w, missing, op or "?", group, seq) for w in waiting),
                       findings=[Finding("missing_ranks", summary, missing, 0.9, _evidence(stated, "stated missing"))],
                       next_steps=steps)]
+
+
+def _crossed(rows: list[dict[str, Any]]) -> list[Candidate]:
+    """Stall reports of one input (Horovod's "Missing ranks:" lists; the reader states each (rank, op) once) where
+    rank A is missing from one op and rank B from another: each submitted what the other did not, so the ranks are
+    in different collectives and wait for each other — a mismatch, not a straggler. The op named is the one stated
+    missing first (the longest stalled)."""
+    by_file: dict[Any, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["kind"] == "missing_rank" and r["name"] and r["line"] is not None:
+            by_file.setdefault(r["file"], []).append(r)
+    for block in by_file.values():
+        ops: dict[int, set[str]] = {}
+        for r in block:
+            ops.setdefault(r["rank"], set()).add(r["name"])
+        names = {n for s in ops.values() for n in s}
+        if len(ops) < 2 or len(names) < 2 or any(len(s) != 1 for s in ops.values()):
+            continue
+        first = min(block, key=lambda r: r["line"])
+        op = first["name"]
+        ranks = tuple(sorted(ops))
+        theirs = "; ".join(f"{ranks_text([rk])} is missing from {next(iter(s))}" for rk, s in sorted(ops.items()))
+        summary = (f"the ranks are in different collectives and wait for each other: {theirs} (each submitted what "
+                   f"the other did not)")
+        return [Candidate("collective_mismatch", summary, culprits=(), waiting=ranks,
+                          operation=Operation(name=op),
+                          findings=[Finding("collective_mismatch", summary, ranks, 0.8,
+                                            _evidence(block, "stated missing"))],
+                          next_steps=["Find the rank-dependent branch that makes ranks submit different collectives "
+                                      f"({', '.join(sorted(names))}): every rank must issue the same ops in the same "
+                                      "order (a check or a broadcast done on some ranks only)."])]
+    return []
 
 
 def _implied_by_joined(ctx: Context) -> list[dict[str, Any]]:

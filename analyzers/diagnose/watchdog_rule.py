@@ -120,12 +120,13 @@ def reported_timeouts(ctx: Context) -> list[Candidate]:
                               operation=Operation(name=name, group=group, seq=seq, shape=shape),
                               findings=[Finding("missing_ranks", summary, culprits, 0.5, evid)],
                               next_steps=["Find the rank that did not reach the barrier (its log shows other work)."])]
-        summary = (f"{ranks_text(ranks) if ranks else 'the reporting rank'} {verb} {name}"
+        summary = (f"{ranks_text(ranks) if ranks else 'the reporting rank'} {verb} "
+                   f"{name or 'a collective the input does not name'}"
                    + (f" (seq {seq})" if seq is not None else "")
                    + (": every rank shown issued it and none completed it; these lines do not say whether another "
                       "rank never reached it" if not failed else ": " + next(r["error"] for r in mine if r["error"])[:160]))
         return [Candidate("stuck_in_collective", summary, waiting=tuple(ranks),
-                          operation=Operation(name=name, group=group, seq=seq, shape=shape),
+                          operation=Operation(name=name, group=group, seq=seq, shape=shape) if name else None,
                           findings=[Finding("stuck_in_collective", summary, tuple(ranks), 0.5, evid)],
                           next_steps=_stuck_steps())]
     failed = Counter(_failed_seq(o) for o in status)

@@ -66,6 +66,7 @@ FAMILIES: tuple[Family, ...] = (
         r"vLLM API server|Graph capturing finished|KV Cache is allocated|Memory pool end|"
         r"Starting to load model|Loading model weights took|Uvicorn running on|Application startup complete|"
         r"No available shared memory broadcast block|[Ww]atchdog timeout \(self\.watchdog_timeout=|"
+        r"cudaErrorStreamCapture\w|operation not permitted when stream is capturing|"
         r"vLLM is using nccl==|Worker ready; awaiting tasks|world_size=\d+ rank=\d+ local_rank=\d+ distributed_init|"
         r"is assigned as DP rank|(?:Prefill|Decode) batch[.,]|Avg prompt throughput: )",
         r"(?:\[(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?: (?:DP|PP|TP|EP)\d{1,5}){1,4}\] )"

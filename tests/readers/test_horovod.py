@@ -117,3 +117,11 @@ def test_one_megabyte_line_takes_milliseconds() -> None:
     res = horovod.read_doc(doc)
     assert time.perf_counter() - t < 0.5
     assert _stated(res, "joined_rank") == {(1, None)}
+
+
+def test_horovodrun_rank_prefix_names_the_writer() -> None:
+    # horovodrun's own "[0]<stderr>:" prefix (mpirun's is "[1,0]<stderr>:"): the stall report under it is read
+    from ranktrace.analyzers.readers.text.prefixes import split_prefixes
+
+    assert split_prefixes("[3]<stderr>:Missing ranks:")[0].rank == 3
+    assert split_prefixes("[1,5]<stdout>:x")[0].rank == 5

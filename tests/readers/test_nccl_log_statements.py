@@ -68,3 +68,9 @@ def test_failure_after_init_complete_is_a_transport_error() -> None:
     res = nccl_log.read_doc(text_of_bytes("x.log", text.encode()))
     assert _statements(res) == [("transport_error", "nccl_warn", 1, None, 3), ("init_failure", "connect", 3, None, 4),
                                 ("completion", "nccl_destroy", 1, 0, 6)]
+
+
+def test_socket_poll_connect_retries_are_a_connect_failure() -> None:
+    # NCCL 2.19+: "socketPollConnect: connect returned No route to host, retrying (26/34) after sleep for 2600 msec"
+    res = _doc(FIELD / "llamafactory-8045" / "worker_node.log")
+    assert _statements(res) == [("init_failure", "connect", 1183664, None, 1)]

@@ -148,3 +148,15 @@ def test_one_megabyte_line_takes_milliseconds() -> None:
     catalogue.scan(doc)
     nccl_tests.read_doc(doc)
     assert time.perf_counter() - t < 0.5
+
+
+def test_failure_trail_through_the_op_source_names_the_failed_op() -> None:
+    # "Test failure all_reduce.cu:103" under "Test NCCL failure common.cu:343": the call failed inside all_reduce
+    res = _read(FIELD / "nccltests-24" / "error.txt")
+    (ev,) = [e for e in rows(res.events) if e["kind"] == "enter"]
+    assert ev["name"] == "all_reduce" and "unhandled cuda error" in ev["error"]
+    # a failure with no trail through an op's source (set-up in common.cu) names no op, and a lone failure line
+    # is still read
+    res = _read(FIELD / "nccltests-102" / "after_hang.txt")
+    assert not [e for e in rows(res.events) if e["kind"] == "enter"]
+    assert [o["name"] for o in rows(res.observations)] == ["NcclTestsNcclFailure"]

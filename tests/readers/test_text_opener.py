@@ -30,3 +30,15 @@ def test_terminal_wrap_is_joined() -> None:
     doc = text_of_bytes("w.log", ("\n".join(wrapped) + "\n").encode())
     assert [ln.text for ln in doc.lines] == [s.split("]:", 1)[1] for s in long_lines]
     assert [ln.rank for ln in doc.lines] == [0, 1]
+
+
+def test_lost_newlines_split_at_repeated_srun_prefix() -> None:
+    # a paste that lost its newlines keeps each line's srun -l task prefix mid-line
+    doc = open_text(FIELD / "awsomedistai-192" / "srun_output.txt")
+    texts = [ln.text for ln in doc.lines]
+    assert texts[0].startswith('File "') and texts[0].endswith("in broadcast")
+    assert texts[1] == "work = default_pg.broadcast([tensor], opts)"
+    assert all(ln.rank == 10 for ln in doc.lines[1:])
+    # a label before a number ("GPU 0: ") is no task prefix, however often it recurs
+    one = "GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-1) GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-2) GPU 0: again here"
+    assert len(text_of_bytes("g.txt", one.encode()).lines) == 1

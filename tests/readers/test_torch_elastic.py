@@ -156,7 +156,15 @@ def test_lightning_and_deepspeed_launchers() -> None:
 def test_absl_signal_report_of_a_serving_worker() -> None:
     r = read(FIELD / "vllm-2988" / "error.log")
     got = sorted((o["name"], o["value"], o["line"]) for o in exits(r))
-    assert got == [("signal", 6, 3)]      # its repeat in Ray's log line (7) is cut before "received at time="
+    # ROCr's "Memory access fault by GPU node-2" (2) is why it aborts: absl's SIGABRT report (3) is the same death,
+    # and its repeat in Ray's log line (7) is cut before "received at time="
+    assert got == [("signal", 6, 2)]
+
+
+def test_rocr_device_fault_is_an_abort_once_per_input() -> None:
+    r = read(FIELD / "rocmbuild-4021" / "train.log")   # "HW Exception by GPU node-9 ... reason :GPU Hang" x 10
+    got = [(o["name"], o["value"], o["line"]) for o in exits(r)]
+    assert got == [("signal", 6, 2)] and "reason :GPU Hang" in exits(r)[0]["detail"]
 
 
 def test_false_alarm_is_a_reader_error() -> None:

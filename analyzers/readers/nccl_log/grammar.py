@@ -31,7 +31,7 @@ COLL_RE = re.compile(
 # transports, rings, trees, bootstrap, WARN, error trail, bare version line; no group set). It starts with the
 # literal "NCCL" so sre's prefix search runs in C; TUNING and other INFO lines fail a few bytes after "INFO ".
 SCAN_RE = re.compile(
-    COLL_RE.pattern[:5] + b"(?:" + COLL_RE.pattern[5:] + rb"|WARN |version \d|INFO (?:NCCL version|Call to connect"
+    COLL_RE.pattern[:5] + b"(?:" + COLL_RE.pattern[5:] + rb"|WARN |version \d|INFO (?:NCCL version|Call to connect|socket(?:Poll|Start)Connect: "
     rb"|(?:\[Rank \d+\] )?(?:\w+ )?comm 0x|Channel (?:00/|\d+(?:/\d+)? : \d+\[)|Trees \[0\]|Bootstrap|bootstrap"
     rb"|\d+ coll channels|[\w./+-]+:\d+ (?:\([^)\n]*\) )?-> "
     rb"|NCCL_\w+ set |Using network |NVLS multicast |P2P is disabled |Connected all rings|Check P2P Type "

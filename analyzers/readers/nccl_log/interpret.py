@@ -503,7 +503,9 @@ class Reader:
                                  group=c.group if c else None, rank=c.rank if c else None))
             self._failure(base, msg.strip(), c, where)
             return
-        if msg.startswith("Call to connect "):
+        if msg.startswith(("Call to connect ", "socketPollConnect: ", "socketStartConnect: ")):
+            # a connect retry (NCCL < 2.19 "Call to connect returned ..., retrying"; later "socketPollConnect:
+            # connect returned No route to host, retrying (26/34) ...")
             self._failure(base, msg.strip(), self.tid_comm.get((host, pid, tid)), None)
             return
         if msg.startswith("NCCL version "):

@@ -49,6 +49,13 @@ def result(path: str, fmt: str, source: str, runs: list[Run], skipped: list[Skip
         running = _running(run, last)
         if running is not None:
             events.extend(_enter_rows(run, base, *running))
+        elif run.failed_in_op is not None and run.failures:
+            # the failure trail runs through the op's own test source (``all_reduce.cu:103``): the call that failed
+            # was that op's, after communicator init
+            line, what, message = run.failures[0]
+            for row in _enter_rows(run, base, line, None, f"the test failed inside its op (trail line "
+                                                         f"{run.failed_in_op})"):
+                events.append(dict(row, error=f"Test {what} failure {message}"))
     world = max((len(r.ranks) for r in runs), default=0) or None
     version = next((r.version for r in runs if r.version), None)
     return ReadResult(file=path, format=fmt, version=version,

@@ -36,6 +36,7 @@ class Run:
     first_line: int
     binary: str | None = None          # all_reduce (from all_reduce_perf), as the command or the banner says
     binary_line: int | None = None
+    failed_in_op: int | None = None    # line of the failure trail's ``<op>.cu:N``: the test failed inside its op
     version: str | None = None
     max_bytes: int | None = None
     ranks: list[RankLine] = field(default_factory=list)
@@ -85,6 +86,14 @@ def scan(doc: TextDoc) -> tuple[list[Run], list[Skipped]]:
             if m:
                 current(ln.no).failures.append((ln.no, m.group("what"),
                                                 f"{m.group('where')} '{m.group('msg').strip()}'"))
+                continue
+            m = sig.TRAIL.match(text)
+            if m:
+                r = current(ln.no)
+                if sig.op_of_binary(m.group("src")) is not None and r.failures:
+                    r.failed_in_op = ln.no          # the failed call was made from the op's own test source
+                    if r.binary is None:
+                        r.binary, r.binary_line = m.group("src"), ln.no
                 continue
         if "_perf" in text and head != "#":
             m = sig.COMMAND.search(text[:2000])

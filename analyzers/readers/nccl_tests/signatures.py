@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 __all__ = ["CATALOGUE", "COMMAND", "STARTING", "VERSION", "PARAMS", "USING", "RANK", "TABLE_HEADER", "ROW_START",
-           "OOB", "AVG_BW", "TEST_FAILURE", "MPI_TAG", "BINARY_OPS", "op_of_binary", "op_of_columns"]
+           "OOB", "AVG_BW", "TEST_FAILURE", "TRAIL", "MPI_TAG", "BINARY_OPS", "op_of_binary", "op_of_columns"]
 
 # ::
 #
@@ -47,6 +47,7 @@ CATALOGUE: tuple[str, ...] = (
     r"\s{0,8}#\s{0,4}Avg bus bandwidth\s{0,4}:",
     r"\s{0,16}\d{1,15}\s{1,16}\d{1,15}\s{1,16}" + _TYPES + r"\s{1,12}" + _REDOPS + r"\s",
     r".{0,200}?Test (?:NCCL|CUDA) failure \S{1,200}:\d",
+    r".{0,200}?Test failure [\w./-]{1,200}\.cu:\d",
 )
 
 COMMAND = re.compile(r"(?:^|[\s/])(?P<bin>[a-z_]{3,30})_perf(?:_mpi)?(?:\s|$)")
@@ -65,6 +66,9 @@ AVG_BW = re.compile(r"\s{0,8}#\s{0,4}Avg bus bandwidth\s{0,4}:\s{0,4}(\S{1,30})"
 #: the test's own error line (common.h): ``<host>: Test NCCL failure common.cu:958 'internal error - ... / <last>'``
 TEST_FAILURE = re.compile(r"Test (?P<what>NCCL|CUDA) failure (?P<where>\S{1,200}:\d{1,7}) "
                           r"'?(?P<msg>[^'\n]{0,300})")
+#: the trail the test prints under its failure line, innermost call first (common.h's ``Test failure <file>:<line>``);
+#: the last one is the test's own source (``all_reduce.cu:103``), which names the binary
+TRAIL = re.compile(r".{0,200}?Test failure (?:[\w./-]{0,200}/)?(?P<src>\w{1,40})\.cu:\d{1,7}")
 #: mpirun --tag-output's short ``[0]`` tag, written again at every write inside a row
 MPI_TAG = re.compile(r"\[\d{1,6}\]")
 

@@ -26,6 +26,8 @@ def build(p: LogParser) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str
                                detail=h.detail))
             if h.name == "serving":
                 obs.append(dict(common, kind="completion", name="server_ready", detail=h.detail))
+            elif h.name == "cuda_graph_capture_error":   # the worker raises it: a crash, inside capture
+                obs.append(dict(common, kind="exception", name="CudaGraphCaptureError", detail=h.detail))
         elif h.what == "stall":
             obs.append(dict(common, kind="server_stall", name=h.name, value=h.value, detail=h.detail))
         elif h.what == "serve":

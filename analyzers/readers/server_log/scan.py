@@ -17,7 +17,7 @@ _DETAIL_CHARS = 300
 
 PHASE_NAMES = ("dist_init_begin", "dist_init_end", "nccl_comm_init_begin", "dist_init_mq_connect", "worker_ready",
                "load_weights_begin", "load_weights_end", "kv_cache_alloc", "cuda_graph_capture_begin",
-               "cuda_graph_capture_end", "serving")
+               "cuda_graph_capture_end", "cuda_graph_capture_error", "serving")
 
 
 class Phase(NamedTuple):
@@ -27,6 +27,12 @@ class Phase(NamedTuple):
     category: str
     pattern: re.Pattern[str]
     server: str
+
+
+#: the CUDA runtime's stream-capture errors: the failure happened inside CUDA graph capture
+CAPTURE_ERROR = (r"cudaErrorStreamCapture(?:Unsupported|Invalidated|Merge|Unmatched|Unjoined|Isolation|Implicit|"
+                 r"WrongThread)|operation not permitted when stream is capturing|"
+                 r"operation failed due to a previous error during capture")
 
 
 def _p(name: str, category: str, regex: str, server: str) -> Phase:
@@ -53,6 +59,9 @@ PHASES: tuple[Phase, ...] = (
     _p("cuda_graph_capture_begin", "graph", r"Capturing cudagraphs for decoding|Capturing the model for CUDA graphs",
        "vllm"),
     _p("cuda_graph_capture_end", "graph", r"Graph capturing finished in", "vllm"),
+    # a CUDA call a capture does not allow (a sync, a host copy, an NCCL call outside the captured stream): torch's
+    # "CUDA error: operation not permitted when stream is capturing" / "Search for `cudaErrorStreamCaptureUnsupported'"
+    _p("cuda_graph_capture_error", "graph", CAPTURE_ERROR, "any"),
     _p("serving", "phase", r"The server is fired up and ready to roll", "sglang"),
     _p("serving", "phase", r"Uvicorn running on|Starting vLLM API server|Application startup complete", "any"),
 )
@@ -84,6 +93,7 @@ SNIFF_MARKERS = re.compile(
     r"vLLM is using nccl==|Worker ready; awaiting tasks|world_size=\d+ rank=\d+ local_rank=\d+ distributed_init|"
     r"Init torch distributed (?:begin|ends)|Init parallel (?:begin|ends)|Load weight (?:begin|end)|Capture (?:[\w-]+ ){0,3}graph (?:begin|end)|"
     r"fired up and ready to roll|server_args=ServerArgs\(|is assigned as DP rank|Starting to load model|"
+    r"cudaErrorStreamCapture\w|operation not permitted when stream is capturing|"
     r"Registering \d+ cuda graph addresses|Initializing a V\d LLM engine|Initializing an LLM engine|"
     r"vLLM API server|Graph capturing finished|KV Cache is allocated|Memory pool end|"
     r"\((?:VllmWorker|EngineCore|Worker|APIServer)[\w]*(?: rank=\d+)? pid=(?:\d+|\.\.\.)\)|"

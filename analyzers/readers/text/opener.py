@@ -130,8 +130,10 @@ def text_of_bytes(name: str, data: bytes, notes: list[Skipped] | None = None) ->
     for i, s in enumerate(joined):
         if s is None or not s.strip():
             continue
-        for piece in _unglue(s):
-            prefix, rest = split_prefixes(piece, srun=srun)
+        pieces = _unglue_srun(s)
+        for k, piece in enumerate(pieces or _unglue(s)):
+            prefix, rest = split_prefixes(
+                piece, srun=srun or (pieces is not None and (k > 0 or SRUN_PREFIX.match(piece) is not None)))
             split.append((i + 1, prefix, rest, piece))
     out = [Line(no, rest, prefix if prefix != _NO_PREFIX else _NO_PREFIX, s)
            for no, prefix, rest, s in _join_soft_wraps(split, lines)]
@@ -173,6 +175,28 @@ def _unglue(s: str) -> list[str]:
         return [s]
     parts = [p for p in _GLUED.split(s) if p]
     return parts if len(parts) > 1 else [s]
+
+
+#: an srun -l task prefix (``10: ``) mid-line, after a space: a paste whose newlines were lost keeps the prefixes
+_GLUED_SRUN = re.compile(r"(?<=\S)(?<!GPU)(?<![Rr]ank)(?<![Dd]evice)(?<![Nn]ode)(?<![Ww]orker)(?<!cuda)(?<![Ss]tep)"
+                         r" (\d{1,6}): (?=\S)")
+
+
+def _unglue_srun(s: str) -> list[str] | None:
+    """Split a line whose newlines were lost in a paste (``File "..", line 1906, in broadcast 10: work = ...
+    10: torch.distributed.DistBackendError: ...``): the same srun task prefix recurs mid-line at least twice, so each
+    occurrence starts a line of its own. None when the line is no such paste."""
+    if len(s) < 80 or ": " not in s:
+        return None
+    marks = list(_GLUED_SRUN.finditer(s))
+    if len(marks) < 2:
+        return None
+    task, n = Counter(m.group(1) for m in marks).most_common(1)[0]
+    if n < 2:
+        return None
+    cuts = [m.start() + 1 for m in marks if m.group(1) == task]
+    pieces = [s[a:b].rstrip() for a, b in zip([0] + cuts, cuts + [len(s)])]
+    return [p for p in pieces if p.strip()] or None
 
 
 def _read_bytes(path: Path) -> tuple[bytes, list[Skipped]]:

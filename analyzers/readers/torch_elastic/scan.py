@@ -81,6 +81,7 @@ class _Scanner:
         self.section: str | None = None           # failures | root_cause inside a ChildFailedError table
         self.entry: tuple[int, Speaker, dict[str, str]] | None = None
         self.rdzv: tuple[int, dict[str, str]] | None = None
+        self.rocr_fault = False                    # a ROCr device fault already recorded (one per input)
 
     def run(self) -> Scan:
         for ln in self.doc.lines:
@@ -143,8 +144,12 @@ class _Scanner:
             self.add(Exit(no, who, "lightning", rank=int(m.group("rank")), pid=int(m.group("pid")),
                           exitcode=int(m.group("code")), text=body[m.start():]))
         m = P["absl"].search(body)
-        if m:
+        if m and not (self.rocr_fault and m.group("sig") == "SIGABRT"):  # ROCr's abort after the fault it printed
             self.add(Exit(no, who, "absl", rank=who.global_rank, pid=who.pid, signal=m.group("sig"), text=m.group(0)))
+        m = P["rocr"].search(body)
+        if m and not self.rocr_fault:   # one per input: ROCr prints it for every queue of the faulting device
+            self.rocr_fault = True
+            self.add(Exit(no, who, "rocr", rank=who.global_rank, pid=who.pid, signal="SIGABRT", text=m.group(0)))
         m = P["deepspeed"].search(body)
         if m:
             loc = P["ds_local"].search(m.group("cmd"))

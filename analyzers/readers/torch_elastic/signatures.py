@@ -31,6 +31,7 @@ _KEYS = (
     r"Child process with PID \d{1,9} terminated with code", r"Terminating process \d{1,9} via signal",
     r"\[\w{0,40}\] Rendezvous complete for workers", r"[\w:.]{0,80}sigkill_handler\]",
     r"\*\*\* SIG[A-Z]{2,8} received at time=",
+    r"(?:HW Exception|Memory access fault) by GPU node-\d{1,6} \(Agent handle",
 )
 # ... and a python logger's name ("torch.distributed.elastic.multiprocessing.api:") may sit right before it
 SIGNATURE = rf"{_LEAD}\s{{0,40}}\"?(?:[\w.]{{1,120}}:)?(?:{'|'.join(_KEYS)})"
@@ -98,5 +99,10 @@ P: dict[str, re.Pattern[str]] = {
     "ds_local": _c(r"--local_rank=(?P<local>\d{1,6})"),
     # absl's failure signal handler (Ray, vLLM, JAX-linked processes): "*** SIGABRT received at time=1708511498 on
     # cpu 37 ***" then "PC: @ ..." lines — the process is dying of that signal
+    # ROCm's runtime (ROCr) on a fatal device fault, before it aborts the process: "HW Exception by GPU node-9
+    # (Agent handle: 0x64ff272d8ab0) reason :GPU Hang", "Memory access fault by GPU node-2 (Agent handle: 0x9f73a80)
+    # on address 0x7ef9eb704000. Reason: Unknown." — node-N is an HSA agent, not a rank
+    "rocr": _c(r"(?:HW Exception|Memory access fault) by GPU node-(?P<node>\d{1,6}) \(Agent handle: 0x[0-9a-fA-F]{1,16}\)"
+               r"(?P<rest>.{0,200})"),
     "absl": _c(r"\*\*\* (?P<sig>SIG[A-Z]{2,8}) received at time=(?P<t>\d{1,12})(?: on cpu \d{1,5})? \*\*\*"),
 }
