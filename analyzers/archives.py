@@ -9,20 +9,25 @@ for the archive. Plain, gzip, bzip2 and xz tars are recognised by content, not b
 from __future__ import annotations
 
 import atexit
+import lzma
 import shutil
 import tarfile
 import tempfile
+import zlib
 from pathlib import Path
 
 __all__ = ["expand", "is_archive"]
 
 _unpacked: dict[Path, Path] = {}
+# What a damaged or cut compressed file raises while tarfile reads it (a gzip cut short: EOFError; a corrupt
+# deflate stream: zlib.error; xz: LZMAError; bzip2: OSError)
+_DAMAGED = (OSError, EOFError, ValueError, tarfile.TarError, zlib.error, lzma.LZMAError)
 
 
 def is_archive(p: Path) -> bool:
     try:
         return p.is_file() and tarfile.is_tarfile(p)
-    except OSError:
+    except _DAMAGED:  # not an archive we can read: its reader says what it is
         return False
 
 
@@ -35,7 +40,7 @@ def expand(paths: list[Path]) -> list[Path]:
             try:
                 out.append(_unpack(p))
                 continue
-            except (OSError, tarfile.TarError, ValueError):
+            except _DAMAGED:
                 pass
         out.append(p)
     return out

@@ -27,6 +27,9 @@ __all__ = ["Inputs", "InputError", "InputRead", "collect", "STRUCTURED", "HostRu
 STRUCTURED = ("ranktrace_ring", "nsys", "flight_recorder", "kineto", "nccl_ras", "pyspy")
 _JSON_ONLY = frozenset({"nccl_ras", "pyspy"})  # their text forms are text families like the others
 HEAD_BYTES = 64 * 1024
+# More ranks than any job has (the largest runs have ~10^5): a world size above this is a damaged or hand-edited
+# field, and believing it costs the analysis time and memory linear in it (a RAS dump saying 2^70 never ended).
+MAX_WORLD = 1 << 18
 _OWN_FILES = {"meta.json", "verdict.json", "report.html", "events.arrow", "proc.json", "problems.txt", "system.json"}
 
 
@@ -132,6 +135,8 @@ def collect(paths: list[Path], *, extra: frozenset[tuple[str, int]] = frozenset(
         got = _read_file(f, readers, results, skipped, reads)
         if got:
             formats[str(f)] = got
+    skipped += [Skipped(r.file, None, f"world size {r.world_size} ignored: more ranks than a job has (limit {MAX_WORLD})")
+                for r in results if r.world_size and not 0 < r.world_size <= MAX_WORLD]
     if not results and not hosts:
         where = ", ".join(str(p) for p in paths)
         if skipped:
@@ -145,7 +150,8 @@ def collect(paths: list[Path], *, extra: frozenset[tuple[str, int]] = frozenset(
         files=[r.file for r in results],
         formats=formats,
         hosts=hosts,
-        world_size=max((r.world_size for r in results if r.world_size), default=None),
+        world_size=max((r.world_size for r in results if r.world_size and 0 < r.world_size <= MAX_WORLD),
+                       default=None),
         reads=reads,
         paths=list(paths),
         window=window if hosts else None,

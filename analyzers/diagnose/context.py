@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 from ranktrace.analyzers import clocks, hostdir, hosts, hoststate, phases as phases_mod, schema, timeline, waitfor
 from ranktrace.analyzers.model import JobStatus, Liveness, OpenSpan
 from ranktrace.analyzers.readers.ranktrace_ring import RING_WRAPPED
-from ranktrace.analyzers.sources import Inputs, collect
+from ranktrace.analyzers.sources import MAX_WORLD, Inputs, collect
 
 __all__ = ["Context", "build_context", "JobStatus"]
 
@@ -262,6 +262,7 @@ def build_context(inputs: Inputs, liveness: Liveness | None) -> Context:
         for part in d.split(", "):
             if part.startswith("world=") and part[6:].lstrip("-").isdigit() and int(part[6:]) > 0:
                 worlds.append(int(part[6:]))
+    worlds = [w for w in worlds if isinstance(w, int) and 0 < w <= MAX_WORLD]  # beyond: a damaged field, not a job
     world = max(worlds) if worlds else None
     observed: set[int] = set()
     for t in (events, inputs.stacks, inputs.observations):
