@@ -25,8 +25,13 @@ _DAMAGED = (OSError, EOFError, ValueError, tarfile.TarError, zlib.error, lzma.LZ
 
 
 def is_archive(p: Path) -> bool:
+    """A tar (plain or compressed) holding at least one member. A file that starts with a 512-byte block of NULs
+    (a log or dump with a sparse hole at its head) reads to tarfile as an empty archive: it is not one."""
     try:
-        return p.is_file() and tarfile.is_tarfile(p)
+        if not (p.is_file() and tarfile.is_tarfile(p)):
+            return False
+        with tarfile.open(p) as tar:
+            return tar.next() is not None
     except _DAMAGED:  # not an archive we can read: its reader says what it is
         return False
 
