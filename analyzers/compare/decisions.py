@@ -24,7 +24,7 @@ __all__ = ["RunDecisions", "CommView", "run_decisions", "decisions_diff", "odd_r
 
 _KINDS = ("nccl_transport", "nccl_topology", "nccl_init_start", "nccl_init_complete", "nccl_setting", "nccl_tuning")
 _COMM_SETTINGS = ("ring_pxn_gdr", "p2p_type")
-_CHANNELS = re.compile(r"(\d+) coll channels, (?:(\d+) collnet channels, )?(\d+) nvls channels, (\d+) p2p channels, "
+_CHANNELS = re.compile(r"(?<!\d)(\d+) coll channels, (?:(\d+) collnet channels, )?(\d+) nvls channels, (\d+) p2p channels, "
                        r"(\d+) p2p channels per peer")
 _SUMMARY = re.compile(r"nRanks (\d+) nNodes (\d+) localRanks (\d+)")
 _DETAIL_NODES = re.compile(r"localRanks=(\d+).*nNodes=(\d+)")
