@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ranktrace.analyzers.verdict import PhaseEntry
+from ranktrace.analyzers.verdict import PHASE_TEXT, PhaseEntry, phase_text
 
 __all__ = ["build_ledger", "current_phases", "LOG_PHASES", "PHASE_TEXT", "phase_text"]
 
@@ -28,22 +28,6 @@ LOG_PHASES = {
     "cuda_graph_capture_begin": ("cuda_graph_init", "begin"), "cuda_graph_capture_end": ("cuda_graph_init", "end"),
     "cuda_graph_capture_error": ("cuda_graph_init", "point"), "serving": ("serving", "begin"),
 }
-# how a person reads a phase name
-PHASE_TEXT = {
-    "torch_distributed_init": "torch distributed init", "weight_loading": "weight loading",
-    "memory_profiling": "memory profiling", "kv_cache_alloc": "KV cache allocation", "kernel_warmup": "kernel warm-up",
-    "attention_backend_init": "attention back-end init", "cuda_graph_init": "CUDA-graph set-up",
-    "cuda_graph_capture": "cuda-graph capture", "prefill_graph_capture": "prefill cuda-graph capture",
-    "draft_graph_init": "draft (EAGLE) CUDA-graph set-up", "draft_graph_capture": "draft (EAGLE) cuda-graph capture",
-    "draft_extend_graph_capture": "draft-extend cuda-graph capture", "draft_weight_loading": "draft weight loading",
-    "warmup": "warm-up", "server_warmup": "server warm-up", "serving": "serving",
-}
-
-
-def phase_text(name: str, detail: str | None = None) -> str:
-    return PHASE_TEXT.get(name, name.replace("_", " ")) + (f" {detail}" if detail else "")
-
-
 @dataclass
 class _Open:
     rank: int | None

@@ -11,7 +11,7 @@ from typing import Any
 
 __all__ = ["SCHEMA", "STATUSES", "KINDS", "Evidence", "Finding", "Operation", "WaitEdge", "RankState", "Verdict",
            "InputSummary", "PhaseEntry", "HostSummary",
-           "compact_ranks", "operation_text"]
+           "compact_ranks", "operation_text", "PHASE_TEXT", "phase_text"]
 
 SCHEMA = "ranktrace.verdict/1"
 STATUSES = ("hang", "completed", "crashed", "idle", "inconclusive", "interrupted")
@@ -279,3 +279,20 @@ def operation_text(op: Operation) -> str:
     if op.callsite:
         bits.append(f"at {op.callsite}")
     return ", ".join(bits)
+
+
+# how a person reads a phase name
+PHASE_TEXT = {
+    "torch_distributed_init": "torch distributed init", "weight_loading": "weight loading",
+    "memory_profiling": "memory profiling", "kv_cache_alloc": "KV cache allocation", "kernel_warmup": "kernel warm-up",
+    "attention_backend_init": "attention back-end init", "cuda_graph_init": "CUDA-graph set-up",
+    "cuda_graph_capture": "cuda-graph capture", "prefill_graph_capture": "prefill cuda-graph capture",
+    "draft_graph_init": "draft (EAGLE) CUDA-graph set-up", "draft_graph_capture": "draft (EAGLE) cuda-graph capture",
+    "draft_extend_graph_capture": "draft-extend cuda-graph capture", "draft_weight_loading": "draft weight loading",
+    "warmup": "warm-up", "server_warmup": "server warm-up", "serving": "serving",
+}
+
+
+def phase_text(name: str, detail: str | None = None) -> str:
+    """'cuda_graph_capture', 'bs=64' -> 'cuda-graph capture bs=64' (verdict text and the watchdog's line)."""
+    return PHASE_TEXT.get(name, name.replace("_", " ")) + (f" {detail}" if detail else "")

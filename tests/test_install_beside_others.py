@@ -4,6 +4,7 @@ has a `tracer` and an `analyzers` package, installing and then uninstalling ours
 and byte-identical, and ours imports as `ranktrace.tracer` / `ranktrace.analyzers`."""
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -22,7 +23,10 @@ def _run(*cmd: str | Path, **kw: object) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    res = _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", out, REPO)
+    src = out / "src"  # a copy: a build in the checkout would leave build/ and egg-info behind
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".venv", ".git", "build", ".cache", "traces",
+                                                            "__pycache__", "*.egg-info", ".pytest_cache", "*.so"))
+    res = _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", out, src)
     if res.returncode != 0:
         pytest.skip(f"cannot build a wheel here: {res.stderr.strip().splitlines()[-1:]}")
     (whl,) = out.glob("ranktrace-*.whl")

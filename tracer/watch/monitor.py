@@ -535,7 +535,7 @@ def inside_line(analysis: Analysis) -> str:
         parts.append(f"{who(outside)} outside any traced op")
     phases = {(s.phase, s.phase_detail) for s in v.ranks.values() if s.phase and s.state != "exited"}
     if len(phases) == 1 and parts:  # every rank in the same start-up phase: say which
-        from ranktrace.analyzers.phases import phase_text
+        from ranktrace.analyzers.verdict import phase_text
 
         name, detail = phases.pop()
         parts[-1] += f" (during {phase_text(name, detail)})"
