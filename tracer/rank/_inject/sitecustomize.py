@@ -56,7 +56,7 @@ def _step_aside(user_module: object) -> None:
     """Leave the interpreter as it would be without us: ``import sitecustomize`` gives the user's module (or
     ModuleNotFoundError when there is none), and our folder is off sys.path (it stays on PYTHONPATH, for child
     processes). Our module cannot leave sys.modules while its own import runs (the import system reads it back):
-    when there is no user module it is replaced by None, which a one-shot finder clears at the next import. The one
+    when there is no user module it is replaced by None, which a finder clears at the next import. The one
     difference left: when ``import sitecustomize`` is the program's very first new import, its ModuleNotFoundError
     says the import was halted (same exception, same ``name``)."""
     import os
@@ -70,14 +70,16 @@ def _step_aside(user_module: object) -> None:
     sys.modules["sitecustomize"] = None  # type: ignore[assignment]
 
     class _ClearAfterSite:
+        # It stays in sys.meta_path, a no-op after its first call: removing itself while the import system walks
+        # sys.meta_path would make that walk skip the finder after it (ranktrace's own post-import hooks).
+        pending = [True]
+
         @staticmethod
         def find_spec(name: str, path: object = None, target: object = None) -> None:
-            try:
-                sys.meta_path.remove(_ClearAfterSite)
-            except ValueError:
-                pass
-            if sys.modules.get("sitecustomize", 0) is None:
-                del sys.modules["sitecustomize"]
+            if _ClearAfterSite.pending:
+                _ClearAfterSite.pending.clear()
+                if sys.modules.get("sitecustomize", 0) is None:
+                    del sys.modules["sitecustomize"]
             return None
 
     sys.meta_path.insert(0, _ClearAfterSite)  # type: ignore[arg-type]
