@@ -408,7 +408,7 @@ _META_TYPES: dict[str, Any] = {
 }
 _EXIT_TYPES: dict[str, Any] = {"returncode": _opt(_INT), "exit_code": _opt(_INT), "signal": _opt(_INT),
                                "signals_forwarded": _list_of(_INT), "killed_on_hang": _BOOL,
-                               "interrupted": _BOOL}
+                               "interrupted": _BOOL, "stopped_wall_ns": _opt(_INT)}
 _PID_TYPES: dict[str, Any] = {"rank": _opt(_INT), "world": _opt(_INT), "local_rank": _opt(_INT), "ppid": _opt(_INT),
                               "argv": _opt(_list_of(_STR)), "ring": _opt(_STR), "ops": _opt(_INT),
                               "exit_code": _opt(_INT), "signal": _opt(_INT)}

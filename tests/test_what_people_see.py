@@ -57,6 +57,18 @@ def _read_until(master: int, chunks: list[bytes], until: bytes | None, deadline:
     return False
 
 
+def _signal_session(sid: int, signum: int) -> None:
+    """`signum` to every process of session `sid` at once (Slurm's scancel, systemd, pkill): each rank is ended
+    where it is, so its open call stays open in the trace."""
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if os.getsid(int(d)) == sid:
+                    os.kill(int(d), signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
 @pytest.fixture(scope="module")
 def hung(tmp_path_factory: pytest.TempPathFactory) -> HungRun:
     import fcntl
@@ -83,14 +95,16 @@ def hung(tmp_path_factory: pytest.TempPathFactory) -> HungRun:
         seen = _read_until(master, chunks, b"HANG \xc2\xb7 missing_ranks", time.monotonic() + 120)
         assert seen, b"".join(chunks).decode("utf-8", "replace")[-3000:]
         _read_until(master, chunks, None, time.monotonic() + 4)   # the rest of the verdict, a few status lines
-        os.kill(proc.pid, signal.SIGTERM)                          # the person stops the run
+        _signal_session(proc.pid, signal.SIGTERM)  # the run is stopped as a scheduler stops a job: every process
         _read_until(master, chunks, None, time.monotonic() + 90)   # until every writer has closed the terminal
         proc.wait(timeout=60)
     finally:
         kill_group(proc)
         os.close(master)
     tty = b"".join(chunks).decode("utf-8", "replace")
-    screen = ANSI.sub("", STATUS_DRAW.sub("", tty)).replace("\r\n", "\n").replace("\r", "")
+    # fresh_line's padding (a terminal's width of spaces, then carriage return and erase: nothing on the screen
+    # when the cursor was at a line's start) is not text
+    screen = ANSI.sub("", STATUS_DRAW.sub("", re.sub(r" +\r\x1b\[K", "", tty))).replace("\r\n", "\n").replace("\r", "")
     return HungRun(run_dir, perfetto, proc.returncode, tty, screen)
 
 

@@ -176,7 +176,9 @@ def _job_status(inputs: Inputs, liveness: Liveness | None) -> JobStatus:
                        and isinstance(c.get("interrupted_wall_ns"), int)), default=None)
     lost = [(h.meta or {}).get("launcher_lost") for h in inputs.hosts if not h.ended]
     lost_ns = min((x.get("wall_ns") or 0 for x in lost if isinstance(x, dict)), default=None)
-    return JobStatus(True, ended, exit_code, sig, tuple(live), known, killed, interrupted, lost_ns)
+    stopped = min((c["stopped_wall_ns"] for c in codes if isinstance(c.get("stopped_wall_ns"), int)), default=None)
+    return JobStatus(True, ended, exit_code, sig, tuple(live), known, killed, interrupted, lost_ns,
+                     stopped if stopped is not None else interrupted)
 
 
 def _group_ranks(events: pa.Table) -> dict[str, tuple[int, ...]]:

@@ -89,8 +89,8 @@ def waiting(ctx: Context) -> list[Candidate]:
     early_exit_ev: list[Evidence] = []
     marked = _exit_marks(ctx)
     first_error = _first_error_ns(ctx)
-    stop = ctx.job.interrupted_ns
-    if stop is not None:  # exits after the person's (or scheduler's) SIGINT are the interrupt's, not "left first"
+    stop = ctx.job.stopped_ns
+    if stop is not None:  # exits after the person's (or scheduler's) INT/TERM are the stop's, not "left first"
         marked = {r: m for r, m in marked.items() if (m["wall_ns"] or 0) < stop}
     # culprits whose process exited on its own before any waiter's call failed: they left, nobody timed out
     left = {r for r in culprit_set if r in marked and (first_error is None or (marked[r]["wall_ns"] or 0) < first_error)}
@@ -275,7 +275,7 @@ def _exited(ctx: Context, culprits: set[int], into: list[waitfor.Edge]) -> tuple
     # "connection closed" too: peer-gone errors prove an exit only when nobody timed out.
     timed_out = [o for o in ctx.graph.edges if o.op.errored and o.op.error and TIMEOUT.search(o.op.error)]
     first_error = _first_error_ns(ctx)
-    if ctx.job.interrupted_ns is not None and (first_error is None or first_error >= ctx.job.interrupted_ns):
+    if ctx.job.stopped_ns is not None and (first_error is None or first_error >= ctx.job.stopped_ns):
         peer_errors = []  # the peer went away because it was interrupted, not on its own
     if peer_errors and not timed_out:
         gone |= culprits

@@ -60,6 +60,8 @@ WITNESS_WINDOW_S = 0.15   # how long a forwarded signal waits for the guardian t
 class LaunchError(Exception):
     """A usage or environment problem found before the job starts (maps to exit 2)."""
 
+# signals that end a job when a person or a scheduler sends them: what ranks record after one is its doing
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 @dataclass(frozen=True)
 class RunOptions:
@@ -336,6 +338,7 @@ class _Job:
         self.started_s = _boot_s()
         self.pending: list[tuple[int, int]] = []   # (signal, CLOCK_MONOTONIC ns) waiting for the guardian's word
         self.interrupted_ns: int | None = None     # wall clock of the first SIGINT (a person's Ctrl-C, a scheduler)
+        self.stopped_ns: int | None = None         # wall clock of the first signal that ends a job (INT/TERM/HUP/QUIT)
 
     @property
     def hang_detected(self) -> bool:
@@ -351,6 +354,8 @@ class _Job:
         self.received.append(signum)
         if signum == signal.SIGINT and self.interrupted_ns is None:
             self.interrupted_ns = time.time_ns()
+        if signum in STOP_SIGNALS and self.stopped_ns is None:
+            self.stopped_ns = time.time_ns()
         # First Ctrl-C while the job is silent: capture first (<= 3 s), then forward; a second one goes at once.
         if (signum == signal.SIGINT and self.mon is not None and not self.pending_interrupt
                 and self.received.count(signal.SIGINT) == 1 and self.mon.silent_for() >= 3.0):
@@ -524,7 +529,7 @@ def _record_exit(host_dir: Path, returncode: int, job: _Job, gpu: hostinfo.GpuIn
             exit={"returncode": returncode, "exit_code": exit_code_of(returncode),
                   "signal": -returncode if returncode < 0 else None, "signals_forwarded": job.received,
                   "killed_on_hang": bool(job.killed), "interrupted": job.interrupted_ns is not None,
-                  "interrupted_wall_ns": job.interrupted_ns},
+                  "interrupted_wall_ns": job.interrupted_ns, "stopped_wall_ns": job.stopped_ns},
             gpus=gpu.gpus if gpu else [],
             driver={"version": gpu.driver, "cuda": gpu.cuda_driver} if gpu else None,
             clock_end=hostinfo.clock_pair(),
