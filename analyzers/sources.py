@@ -281,10 +281,15 @@ def _read_text(f: Path, results: list[ReadResult], skipped: list[Skipped], reads
         for table in (res.events, res.stacks, res.observations):
             if table.num_rows:
                 ranks.update(r for r in table["rank"].to_pylist() if r is not None)
-    if not claimed:
+    if not claimed and not _own_output_log(f):  # a job that printed nothing we read is no skipped input
         skipped.append(Skipped(str(f), None, "not a format ranktrace reads (skipped)"))
     reads.append(InputRead(str(f), tuple(claimed), tuple(sorted(ranks)), found.used, found.total))
     return claimed
+
+
+def _own_output_log(f: Path) -> bool:
+    """The job's output that trace run kept in its host dir (<host>/output.log)."""
+    return f.name == "output.log" and _exists(f.parent / "meta.json")
 
 
 def _looks_binary(head: bytes) -> bool:

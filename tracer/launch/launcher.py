@@ -438,6 +438,8 @@ class _Job:
     def _kill_if_asked(self, mon: Monitor) -> None:
         if mon.kill_requested and not self.killed:
             self.killed.append(time.monotonic())
+            if self.stopped_ns is None:  # what ranks record from here on is the kill's doing
+                self.stopped_ns = time.time_ns()
             self.log("--on-hang kill: terminating the job")
             self.end_job(signal.SIGTERM)
         elif self.killed and len(self.killed) == 1 and time.monotonic() - self.killed[0] > 5.0:
