@@ -15,14 +15,18 @@ __all__ = ["Analysis", "Liveness", "Refreshed", "analyze", "refresh_run", "write
            "InputError"]
 
 
-def analyze(paths: list[Path], *, liveness: Liveness | None) -> Analysis:
+WHOLE = 1 << 62  # records kept per rank when every record counts (trace compare's sequences)
+
+
+def analyze(paths: list[Path], *, liveness: Liveness | None, whole: bool = False) -> Analysis:
     """Read `paths` (trace dirs, folders or files of logs and dumps), diagnose, and keep the tables behind it.
 
     `liveness`: which of the traced processes the capture side saw alive (``tracer.watch.live.liveness``), or
     None when nobody looked — an offline analysis, where an unfinished run's state is "unknown", never "gone".
-    Raises InputError when nothing at all could be used.
+    `whole`: every record of our own traces, not the window of each rank's latest ones a verdict needs (trace
+    compare reads each rank's whole op sequence). Raises InputError when nothing at all could be used.
     """
-    inputs = collect([Path(p) for p in paths])
+    inputs = collect([Path(p) for p in paths], rows=WHOLE if whole else None)
     ctx = diagnose_mod.build_context(inputs, liveness)
     verdict = diagnose_mod.diagnose(ctx)
     return Analysis(

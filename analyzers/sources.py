@@ -92,19 +92,22 @@ def _isdir(p: Path) -> bool:
         return False
 
 
-def collect(paths: list[Path], *, extra: frozenset[tuple[str, int]] = frozenset(), labels: bool = False) -> Inputs:
+def collect(paths: list[Path], *, extra: frozenset[tuple[str, int]] = frozenset(), labels: bool = False,
+            rows: int | None = None) -> Inputs:
     """Read everything under `paths`. Raises InputError when nothing at all could be used.
 
     `extra`: (channel, seq) of ops to keep even where the window of a host dir's own records would drop them
-    (hostdir.needed_keys); `labels`: also what each rank ran before its window (hostdir.Window.prefixes)."""
+    (hostdir.needed_keys); `labels`: also what each rank ran before its window (hostdir.Window.prefixes); `rows`:
+    records kept per rank (default: the run's budget, hostdir.rows_per_rank)."""
     paths = archives.expand(paths)  # tar archives (a host dir packed where it ran) read as what they hold
     readers = _load_readers()
     results: list[ReadResult] = []
     skipped: list[Skipped] = []
     hosts: list[HostRun] = []
     files: list[Path] = []
-    window = hostdir.Window(hostdir.rows_per_rank([hd for p in paths for hd in _readable_host_dirs(p)]), extra,
-                            labels)
+    if rows is None:
+        rows = hostdir.rows_per_rank([hd for p in paths for hd in _readable_host_dirs(p)])
+    window = hostdir.Window(rows, extra, labels)
     for p in paths:
         try:
             mode = os.stat(p).st_mode

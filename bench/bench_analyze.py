@@ -279,12 +279,13 @@ class Writers:
 
 
 def generate(run_dir: Path, ranks: int, hosts: int, events: int, writer: str, jobs: int, hold: bool,
-             writers: Writers) -> tuple[int, float]:
-    """Rings of a hung job under run_dir/<host>/rings; returns (records written, seconds)."""
+             writers: Writers, culprit: int | None = None) -> tuple[int, float]:
+    """Rings of a hung job under run_dir/<host>/rings (the culprit: the last rank unless given); returns (records
+    written, seconds)."""
     per_host = -(-ranks // hosts)
     pairs = events // 2  # the culprit writes pairs - 1 closed ops; every other rank one open enter more
     slots = 1 << max(10, (events + 16).bit_length())
-    culprit = ranks - 1
+    culprit = ranks - 1 if culprit is None else culprit
     t0 = time.monotonic_ns()   # the job's shared clock base (numpy writer)
     started = 0
     began = time.perf_counter()
@@ -319,7 +320,8 @@ def prepare(root: Path, args: argparse.Namespace, writers: Writers) -> dict[str,
     from ranktrace.tracer.launch import finalize
 
     live, fin = root / "live", root / "fin"
-    written, write_s = generate(live, args.ranks, args.hosts, args.events, args.writer, args.jobs, args.hold, writers)
+    written, write_s = generate(live, args.ranks, args.hosts, args.events, args.writer, args.jobs, args.hold, writers,
+                                getattr(args, "culprit", None))
     for hd in sorted(live.iterdir()):
         (hd / "meta.json").write_text(json.dumps(_meta(hd.name, None, {})))
     fin_s = 0.0

@@ -18,6 +18,7 @@ is reported, not enforced (it is per machine).
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import shutil
 import statistics
@@ -29,10 +30,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_analyze import HOST, _read_arrow, prepare  # noqa: E402
+from bench_analyze import Writers, host_name, prepare  # noqa: E402
 
 from ranktrace.analyzers import facade  # noqa: E402
 from ranktrace.analyzers.compare import compare_analyses, compare_paths  # noqa: E402
+
+
+def _read_arrow(path: Path):
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    with pa.memory_map(str(path)) as src:
+        return ipc.open_file(src).read_all()
 
 
 def _timed(fn, repeat: int):
@@ -59,20 +68,23 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
     made: list[dict] = []
+    writers = Writers()
     try:
         for name, culprit in (("a", args.ranks - 1), ("b", args.ranks - 2)):
-            d = prepare(root / name, args.ranks, args.events, culprit)
-            d["finish"]()   # the writers exit: both runs are finished, hung-and-killed traces
+            spec = argparse.Namespace(ranks=args.ranks, hosts=1, events=args.events, writer="recorder",
+                                      jobs=os.cpu_count() or 2, hold=False, modes=["fin"], culprit=culprit)
+            d = prepare(root / name, spec, writers)  # the writers exit: finished, hung-and-killed traces
+            d["fin"] = root / name / "fin"
             made.append(d)
         a, b = made[0]["fin"], made[1]["fin"]
         n = made[0]["written"]
         print(f"traces: 2 x {args.ranks} ranks x ~{args.events:,} events = 2 x {n:,} events in {root}")
         walls, cpu, cmp = _timed(lambda: compare_paths(a, b, liveness=None), args.repeat)
         total = statistics.median(walls)
-        ra, rb = facade.analyze([a], liveness=None), facade.analyze([b], liveness=None)
+        ra, rb = facade.analyze([a], liveness=None, whole=True), facade.analyze([b], liveness=None, whole=True)
         step_walls, step_cpu, _ = _timed(lambda: compare_analyses(ra, rb, str(a), str(b)), args.repeat)
         step = statistics.median(step_walls)
-        base_walls, _, tbl = _timed(lambda: _read_arrow(a / HOST / "events.arrow"), args.repeat)
+        base_walls, _, tbl = _timed(lambda: _read_arrow(a / host_name(0) / "events.arrow"), args.repeat)
         base = statistics.median(base_walls)
         rows = tbl.num_rows
         del tbl
@@ -90,8 +102,7 @@ def main(argv: list[str] | None = None) -> int:
               f"B {cmp.verdict_b.kind} {list(cmp.verdict_b.culprit_ranks)}; latency rows {len(cmp.latency)}")
         return 0 if ok else 1
     finally:
-        for d in made:
-            d["finish"]()
+        writers.close()
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
 

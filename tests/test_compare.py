@@ -64,6 +64,16 @@ def test_one_rank_skipping_a_collective_first_divergence_names_rank_op_and_seq(r
     assert "rank 1 op #4: A=all_reduce default_pg seq 5" in text
 
 
+def test_the_verdict_window_never_cuts_the_sequences_compared(runs, monkeypatch: pytest.MonkeyPatch):
+    """A verdict reads each rank's latest records only (analyzers/hostdir.py); trace compare reads every op, so the
+    first divergence keeps its position in the run however small the window."""
+    whole = compare_paths(runs["clean"], runs["skip"], liveness=None)
+    monkeypatch.setenv("RANKTRACE_WINDOW_ROWS", "2")
+    cut = compare_paths(runs["clean"], runs["skip"], liveness=None)
+    key = lambda c: sorted((d.rank, d.position, d.a, d.b) for d in c.first_divergence)  # noqa: E731
+    assert key(cut) == key(whole) and min(d.position for d in cut.first_divergence) == 4
+
+
 def test_other_world_size_and_nccl_env_named_in_the_context_and_no_false_divergence(runs):
     c = compare_paths(runs["clean"], runs["world3"], liveness=None)
     f = facts_by_key(c)

@@ -100,7 +100,7 @@ def compare_paths(a: Path, b: Path, *, liveness: Liveness | None) -> Comparison:
 
     def one(key: str, path: Path) -> None:
         try:
-            results[key] = facade.analyze([path], liveness=liveness)
+            results[key] = facade.analyze([path], liveness=liveness, whole=True)
         except BaseException as e:  # re-raised below, in the caller's thread (A's first)
             errors[key] = e
 

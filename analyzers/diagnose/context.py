@@ -82,7 +82,7 @@ class Context:
         window = self.inputs.window
         if window is not None and window.cut:  # ranks' earlier ops were left out of the window: read them again
             rank, code, labels = _with_earlier_ops(rank, code, labels, collect(
-                self.inputs.paths, extra=window.extra, labels=True).window)
+                self.inputs.paths, extra=window.extra, labels=True, rows=window.rows).window)
         return _majority_departures(rank, code, labels)
 
 
@@ -245,7 +245,8 @@ def build_context(inputs: Inputs, liveness: Liveness | None) -> Context:
     ops = timeline.build_ops(events)
     more = hostdir.needed_keys(ops, inputs.window)
     if more:  # an op the wait-for graph compares lay outside the window of a rank's records: read them again with it
-        again = collect(inputs.paths, extra=inputs.window.extra | more)  # type: ignore[union-attr]
+        again = collect(inputs.paths, extra=inputs.window.extra | more,  # type: ignore[union-attr]
+                        rows=inputs.window.rows)  # type: ignore[union-attr]
         inputs.events, inputs.window = again.events, again.window
         events = clocks.align(schema.concat(schema.EVENTS, [inputs.events, _ras_events(inputs.observations)]),
                               host_clocks)
