@@ -253,7 +253,7 @@ def _rank_table(ctx: Context) -> dict[int, RankState]:
         st = ctx.stacks.get(r)
         cur = ctx.current.get(r)
         ended = ctx.rank_exits.get(r)
-        if ended is not None:
+        if ended is not None and r not in ctx.exits_after_stop:
             state = "exited"  # its own process recorded its exit: no older sample or open call says otherwise
         exit_text = ended
         if exit_text is None and ctx.job.traced and (state == "exited" or ctx.job.ended):

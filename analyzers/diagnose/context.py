@@ -41,6 +41,7 @@ class Context:
     roles: dict[int, str] = field(default_factory=dict)       # rank -> "DP1 TP3 EP3"
     as_of_ns: int | None = None                               # when the evidence was looked at (open phases end here)
     rank_exits: dict[int, str] = field(default_factory=dict)  # how a rank's process ended, when it recorded it
+    exits_after_stop: frozenset[int] = frozenset()  # ranks whose recorded exit came after the job was stopped
     rank_hosts: dict[int, str] = field(default_factory=dict)   # a run across hosts: rank -> host (analyzers.hosts)
     host_clocks: dict[str, clocks.HostClock] = field(default_factory=dict)  # host dir name -> its clock
 
@@ -313,6 +314,7 @@ def build_context(inputs: Inputs, liveness: Liveness | None) -> Context:
         anon_stacks=hoststate.unranked_stacks(inputs.stacks) if not stacks else [],
         ledger=ledger, current=current, roles=_roles(events), as_of_ns=as_of,
         rank_exits=_rank_exits(events, _op_pids(events, rank_pids)),
+        exits_after_stop=_exits_after(events, job.stopped_ns),
         rank_hosts=hosts.rank_hosts(inputs.hosts, events), host_clocks=host_clocks,
     )
 
@@ -354,6 +356,19 @@ def _current_stacks(stacks: pa.Table, events: pa.Table) -> pa.Table:
 
 
 _EXIT_CODE = re.compile(r"exit code (-?\d+)|os\._exit\((?:status=)?(-?\d+)")
+
+
+def _exits_after(events: pa.Table, stop_ns: int | None) -> frozenset[int]:
+    """Ranks whose every process_exit mark came at or after `stop_ns` (trace run forwarded a stop, or --on-hang
+    kill): they exited because the job was stopped; their state at the hang is what the verdict shows."""
+    if stop_ns is None or events.num_rows == 0:
+        return frozenset()
+    marks = events.filter(pc.and_(pc.equal(events["name"], "process_exit"), pc.is_valid(events["rank"])))
+    before: set[int] = set()
+    after: set[int] = set()
+    for r, w in zip(marks["rank"].to_pylist(), marks["wall_ns"].to_pylist()):
+        (after if w is not None and w >= stop_ns else before).add(r)
+    return frozenset(after - before)
 
 
 def _rank_exits(events: pa.Table, op_pid: dict[int, int]) -> dict[int, str]:
