@@ -14,7 +14,7 @@ import pytest
 
 from ranktrace.analyzers import hostdir, timeline
 from ranktrace.analyzers.readers.ranktrace_ring import window as W
-from ranktrace.tracer.ringreader import _written
+from ranktrace.tracer.ringreader import written_slots
 
 
 def _stream(rng: np.random.Generator, n_ops: int, rank: int = 0, p2p: bool = True) -> W.Records:
@@ -131,24 +131,24 @@ def test_every_op_a_rule_reads_is_kept_and_kept_whole() -> None:
     assert timeline.open_enter_rows(table(np.ones(rec.n, dtype=bool))).size == int((W._open_enters(rec)).sum())
 
 
-def test_a_never_written_tail_is_not_read() -> None:
+def test_a_neverwritten_slots_tail_is_not_read() -> None:
     def reads_every_record(c: np.ndarray) -> bool:
-        return not c[_written(c):].any()
+        return not c[written_slots(c):].any()
 
     c = np.zeros(1000, dtype=np.uint64)
     c[:600] = np.arange(1, 601)
-    assert _written(c) == 600
+    assert written_slots(c) == 600
     full = np.arange(1, 1001, dtype=np.uint64)
-    assert _written(full) == 1000
+    assert written_slots(full) == 1000
     wrapped = np.concatenate([np.arange(1001, 1301), np.arange(301, 1001)]).astype(np.uint64)
-    assert _written(wrapped) == 1000
+    assert written_slots(wrapped) == 1000
     torn = c.copy()
     torn[599] = 0          # the last record's writer died mid-write
     hole = c.copy()
     hole[300] = 0          # a dying thread's reserved slot, records committed after it by others
     for odd in (torn, hole):
         assert reads_every_record(odd)
-    assert _written(np.zeros(8, dtype=np.uint64)) == 0
+    assert written_slots(np.zeros(8, dtype=np.uint64)) == 0
 
 
 def test_window_rows_shared_out_over_the_run(tmp_path, monkeypatch) -> None:

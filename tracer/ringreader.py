@@ -17,7 +17,7 @@ from typing import Any
 from ranktrace.tracer.ringformat import (FLAG_META_FULL, HEADER, MAGIC, META_COMMIT, META_OFFSET, META_REC,
                                          SLOT_SIZE, VERSION)
 
-__all__ = ["RingContents", "RingError", "RingView", "read_ring", "slot_dtype", "SLOT_FIELDS"]
+__all__ = ["RingContents", "RingError", "RingView", "read_ring", "slot_dtype", "SLOT_FIELDS", "written_slots"]
 
 
 class RingError(Exception):
@@ -139,7 +139,7 @@ class RingView:
         if self._order is None:
             if self._avail:
                 arr = np.frombuffer(self._buf, dtype=slot_dtype(), count=self._avail, offset=self._ops_offset)
-                self._arr = arr[:_written(arr["commit"])]
+                self._arr = arr[:written_slots(arr["commit"])]
                 self._order = _commit_order(np.ascontiguousarray(self._arr["commit"]))
             else:
                 self._order = (np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.uint64), False)
@@ -214,7 +214,7 @@ class RingView:
             pass
 
 
-def _written(commit: Any) -> int:
+def written_slots(commit: Any) -> int:
     """How many slots from the start can hold records: all of them, or — for a ring that never wrapped — those up
     to its last committed record (the rest of the file is never-written, sparse slots, not worth reading). Found
     by bisection on the commit words (slot i of a first lap holds record i + 1) and then checked: the count must
