@@ -7,15 +7,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ranktrace.analyzers.readers.env_versions import signatures as _env_versions
-from ranktrace.analyzers.readers.horovod import signatures as _horovod
-from ranktrace.analyzers.readers.nccl_tests import signatures as _nccl_tests
-from ranktrace.analyzers.readers.progress import signatures as _progress
-from ranktrace.analyzers.readers.ps_top import signatures as _ps_top
+from ranktrace.analyzers.readers.env_versions import signatures as env_versions_sig
+from ranktrace.analyzers.readers.horovod import signatures as horovod_sig
+from ranktrace.analyzers.readers.nccl_tests import signatures as nccl_tests_sig
+from ranktrace.analyzers.readers.progress import signatures as progress_sig
+from ranktrace.analyzers.readers.ps_top import signatures as ps_top_sig
 from ranktrace.analyzers.readers.text import TextDoc
-from ranktrace.analyzers.readers.torch_c10d.signatures import SIGNATURE as _TORCH_C10D
-from ranktrace.analyzers.readers.torch_elastic.signatures import SIGNATURE as _TORCH_ELASTIC
-from ranktrace.analyzers.readers.traceback.signatures import SIGNATURE as _TRACEBACK
+from ranktrace.analyzers.readers.torch_c10d.signatures import SIGNATURE as TORCH_C10D_SIGNATURE
+from ranktrace.analyzers.readers.torch_elastic.signatures import SIGNATURE as TORCH_ELASTIC_SIGNATURE
+from ranktrace.analyzers.readers.traceback.signatures import SIGNATURE as TRACEBACK_SIGNATURE
 
 __all__ = ["Family", "FAMILIES", "Scan", "scan"]
 
@@ -82,14 +82,14 @@ FAMILIES: tuple[Family, ...] = (
     Family("nccl_ras", "ranktrace.analyzers.readers.nccl_ras", _rx(
         r"Job summary\s*$", r"Communicators\.{0,3}", r"#\d+-\d+ \([0-9a-f]{8,16}\) (?:MISMATCH|INCOMPLETE|ERROR)",
         r".{0,80}RAS Monitor Mode", r".{0,80}PEER_DEAD: Process \d+ on node")),
-    Family("horovod", "ranktrace.analyzers.readers.horovod", _rx(*_horovod.CATALOGUE)),
-    Family("nccl_tests", "ranktrace.analyzers.readers.nccl_tests", _rx(*_nccl_tests.CATALOGUE), min_lines=2),
-    Family("ps_top", "ranktrace.analyzers.readers.ps_top", _rx(*_ps_top.CATALOGUE)),
-    Family("env_versions", "ranktrace.analyzers.readers.env_versions", _rx(*_env_versions.CATALOGUE)),
-    Family("progress", "ranktrace.analyzers.readers.progress", _rx(*_progress.CATALOGUE)),
-    Family("torch_c10d", "ranktrace.analyzers.readers.torch_c10d", re.compile(_TORCH_C10D)),
-    Family("torch_elastic", "ranktrace.analyzers.readers.torch_elastic", re.compile(_TORCH_ELASTIC)),
-    Family("traceback", "ranktrace.analyzers.readers.traceback", re.compile(_TRACEBACK)),
+    Family("horovod", "ranktrace.analyzers.readers.horovod", _rx(*horovod_sig.CATALOGUE)),
+    Family("nccl_tests", "ranktrace.analyzers.readers.nccl_tests", _rx(*nccl_tests_sig.CATALOGUE), min_lines=2),
+    Family("ps_top", "ranktrace.analyzers.readers.ps_top", _rx(*ps_top_sig.CATALOGUE)),
+    Family("env_versions", "ranktrace.analyzers.readers.env_versions", _rx(*env_versions_sig.CATALOGUE)),
+    Family("progress", "ranktrace.analyzers.readers.progress", _rx(*progress_sig.CATALOGUE)),
+    Family("torch_c10d", "ranktrace.analyzers.readers.torch_c10d", re.compile(TORCH_C10D_SIGNATURE)),
+    Family("torch_elastic", "ranktrace.analyzers.readers.torch_elastic", re.compile(TORCH_ELASTIC_SIGNATURE)),
+    Family("traceback", "ranktrace.analyzers.readers.traceback", re.compile(TRACEBACK_SIGNATURE)),
 )
 
 
