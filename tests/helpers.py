@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -147,3 +148,50 @@ def count_colour(rows: list[bytes], rgb: tuple[int, int, int], y0: int = 0, y1: 
     for row in rows[y0:y1]:
         n += sum(1 for i in range(0, len(row), 3) if row[i:i + 3] == want)
     return n
+
+
+# --- a job on a terminal of its own (pty) ---------------------------------------------------------------------
+
+def pty_session(argv: list[str], env: dict[str, str]) -> tuple[int, int]:
+    """`argv` as a session leader whose controlling terminal is a new pty: (pid, the pty's master fd)."""
+    import pty
+
+    pid, master = pty.fork()
+    if pid == 0:  # a session leader whose controlling terminal is the pty
+        os.chdir(str(REPO))
+        os.execve(argv[0], argv, env)
+    return pid, master
+
+
+def wait_exit(pid: int, seconds: float) -> int | None:
+    """The wait status of `pid` once it exits within `seconds`, else None."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        got, status = os.waitpid(pid, os.WNOHANG)
+        if got == pid:
+            return status
+        time.sleep(0.05)
+    return None
+
+
+def end_session(pid: int, master: int) -> None:
+    """Kill a pty_session's process and close its master."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os.close(master)
+
+
+def read_until(master: int, out: bytearray, marker: bytes, seconds: float) -> bool:
+    """Read the pty into `out` until `marker` shows up or `seconds` pass; whether it did."""
+    import select
+
+    end = time.monotonic() + seconds
+    while marker not in out and time.monotonic() < end:
+        if select.select([master], [], [], 0.2)[0]:
+            try:
+                out += os.read(master, 4096)
+            except OSError:
+                break
+    return marker in out

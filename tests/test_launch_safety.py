@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -224,20 +223,20 @@ def _running(pid: int) -> bool:
 def test_ctrl_c_during_a_hang_is_an_interrupt_not_a_crash(tmp_path: Path):
     """Ctrl-C at the terminal while rank 3 stalls and ranks 0-2 wait for it: the verdict read 'rank 3 exited first,
     check OOM/dmesg' (status crashed): the person's own interrupt blamed as a crash."""
-    from tests.test_run_spine import _end_session, _pty_session, _read_until, _wait_exit
+    from tests.helpers import end_session, pty_session, read_until, wait_exit
 
     run_dir = tmp_path / "run"
     argv = TRACE + ["run", "-o", str(run_dir), "--hang-after", "4", "--", PY, str(REPO / "examples" / "tp_job.py"),
                     "--world", "4", "--steps", "6", "--fault", "skip", "--timeout", "15", "--hang-seconds", "120"]
-    pid, master = _pty_session(argv, trace_env())
+    pid, master = pty_session(argv, trace_env())
     out = bytearray()
     try:
-        assert _read_until(master, out, b"HANG", 90), out.decode(errors="replace")[-3000:]
+        assert read_until(master, out, b"HANG", 90), out.decode(errors="replace")[-3000:]
         os.write(master, b"\x03")  # Ctrl-C: the terminal sends SIGINT to its foreground group (trace run)
-        status = _wait_exit(pid, 90)
-        _read_until(master, out, b"trace in", 5)
+        status = wait_exit(pid, 90)
+        read_until(master, out, b"trace in", 5)
     finally:
-        _end_session(pid, master)
+        end_session(pid, master)
     assert status is not None, out.decode(errors="replace")[-3000:]
     v = json.loads((run_dir / "verdict.json").read_text())
     text = json.dumps(v)

@@ -11,7 +11,8 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from tests.helpers import EXAMPLE, PY, SCRIPTS, TRACE, events, meta, run_trace, trace_env
+from tests.helpers import (EXAMPLE, PY, SCRIPTS, TRACE, end_session, events, meta, pty_session, read_until, run_trace,
+                           trace_env, wait_exit)
 
 TOKEN = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"
 ARGV_SECRET = "sk-proj-ZZtopsecretvalue1234567890abcdef"
@@ -256,50 +257,8 @@ def test_rings_readable_while_hung(tmp_path: Path):
         proc.wait(timeout=10)
 
 
-def _pty_session(argv: list[str], env: dict[str, str]) -> tuple[int, int]:
-    import pty
-
-    pid, master = pty.fork()
-    if pid == 0:  # a session leader whose controlling terminal is the pty
-        os.chdir(str(Path(__file__).resolve().parents[1]))
-        os.execve(argv[0], argv, env)
-    return pid, master
-
-
 READ_A_LINE = ("import sys; print('prompt>', flush=True); line = sys.stdin.readline(); "
                "print('got', line.strip(), flush=True)")
-
-
-def _wait_exit(pid: int, seconds: float) -> int | None:
-    """The wait status of `pid` once it exits within `seconds`, else None."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        got, status = os.waitpid(pid, os.WNOHANG)
-        if got == pid:
-            return status
-        time.sleep(0.05)
-    return None
-
-
-def _end_session(pid: int, master: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    os.close(master)
-
-
-def _read_until(master: int, out: bytearray, marker: bytes, seconds: float) -> bool:
-    import select
-
-    end = time.monotonic() + seconds
-    while marker not in out and time.monotonic() < end:
-        if select.select([master], [], [], 0.2)[0]:
-            try:
-                out += os.read(master, 4096)
-            except OSError:
-                break
-    return marker in out
 
 
 def test_a_job_reading_the_terminal_gets_it_instead_of_stopping(tmp_path: Path):
@@ -307,17 +266,17 @@ def test_a_job_reading_the_terminal_gets_it_instead_of_stopping(tmp_path: Path):
     (input(), breakpoint(), pdb) would be stopped by SIGTTIN forever. The launcher hands it the terminal, as a shell
     does for a foreground job, and takes it back at the end."""
     argv = TRACE + ["run", "--no-analyze", "-o", str(tmp_path / "r"), "--", PY, "-c", READ_A_LINE]
-    pid, master = _pty_session(argv, trace_env())
+    pid, master = pty_session(argv, trace_env())
     out = bytearray()
     try:
-        assert _read_until(master, out, b"prompt>", 30), out.decode(errors="replace")
+        assert read_until(master, out, b"prompt>", 30), out.decode(errors="replace")
         os.write(master, b"hello\n")
-        assert _read_until(master, out, b"got hello", 30), out.decode(errors="replace")
+        assert read_until(master, out, b"got hello", 30), out.decode(errors="replace")
         # the job is continued before the line is printed, so the line may come after the job's answer
-        _read_until(master, out, b"the job reads the terminal", 15)
-        status = _wait_exit(pid, 15)
+        read_until(master, out, b"the job reads the terminal", 15)
+        status = wait_exit(pid, 15)
     finally:
-        _end_session(pid, master)
+        end_session(pid, master)
     assert status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, out.decode(errors="replace")
     assert b"the job reads the terminal" in out
 
@@ -353,39 +312,39 @@ def test_ctrl_z_under_a_shell_suspends_trace_run_and_fg_resumes_the_job(tmp_path
     cmd = " ".join(TRACE + ["run", "--no-analyze", "-o", str(tmp_path / "r"), "--", PY, "-c", repr(READ_A_LINE)])
     bash = shutil.which("bash")
     assert bash
-    pid, master = _pty_session([bash, "--norc", "--noprofile", "-i"], dict(trace_env(), PS1="$ ", TERM="dumb"))
+    pid, master = pty_session([bash, "--norc", "--noprofile", "-i"], dict(trace_env(), PS1="$ ", TERM="dumb"))
     out = bytearray()
     try:
-        assert _read_until(master, out, b"$ ", 10)
+        assert read_until(master, out, b"$ ", 10)
         os.write(master, cmd.encode() + b"\n")
-        assert _read_until(master, out, b"the job reads the terminal", 30), out.decode(errors="replace")
+        assert read_until(master, out, b"the job reads the terminal", 30), out.decode(errors="replace")
         os.write(master, b"\x1a")  # Ctrl-Z while the job waits for its line
-        assert _read_until(master, out, b"Stopped", 10), out.decode(errors="replace")
+        assert read_until(master, out, b"Stopped", 10), out.decode(errors="replace")
         del out[:]
         os.write(master, b"fg\n")
         time.sleep(1.0)
         os.write(master, b"hello\n")
-        assert _read_until(master, out, b"got hello", 30), out.decode(errors="replace")
-        assert _read_until(master, out, b"$ ", 15)  # trace run ended and the shell has its terminal back
+        assert read_until(master, out, b"got hello", 30), out.decode(errors="replace")
+        assert read_until(master, out, b"$ ", 15)  # trace run ended and the shell has its terminal back
         os.write(master, b"exit\n")
         os.waitpid(pid, 0)
     finally:
-        _end_session(pid, master)
+        end_session(pid, master)
 
 
 def test_ctrl_z_without_a_job_control_shell_is_dropped_as_it_would_be(tmp_path: Path):
     """`trace run` straight in a terminal session (tmux, ssh -t, docker exec): no shell will ever continue a
     stopped group, so Ctrl-Z must not stop anything for good — the job reads its line and ends."""
     argv = TRACE + ["run", "--no-analyze", "-o", str(tmp_path / "r"), "--", PY, "-c", READ_A_LINE]
-    pid, master = _pty_session(argv, trace_env())
+    pid, master = pty_session(argv, trace_env())
     out = bytearray()
     try:
-        assert _read_until(master, out, b"the job reads the terminal", 30), out.decode(errors="replace")
+        assert read_until(master, out, b"the job reads the terminal", 30), out.decode(errors="replace")
         os.write(master, b"\x1a")
         time.sleep(1.0)
         os.write(master, b"hello\n")
-        assert _read_until(master, out, b"got hello", 20), out.decode(errors="replace")
-        status = _wait_exit(pid, 15)
+        assert read_until(master, out, b"got hello", 20), out.decode(errors="replace")
+        status = wait_exit(pid, 15)
         assert status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     finally:
-        _end_session(pid, master)
+        end_session(pid, master)
