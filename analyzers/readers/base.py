@@ -8,14 +8,14 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 
 from ranktrace.analyzers import schema
 
-__all__ = ["Skipped", "ReadResult", "ReaderError", "ColumnMap", "empty_result", "read_file_bytes", "has_nul_bytes",
-           "binary_content", "without_nuls", "binary_or_json", "json_array_items", "empty_file", "decode_text"]
+__all__ = ["Skipped", "ReadResult", "ReaderError", "ColumnMap", "empty_result", "read_file_bytes", "read_text_file",
+           "has_nul_bytes", "binary_content", "without_nuls", "binary_or_json", "json_array_items", "empty_file", "decode_text"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,17 @@ def read_file_bytes(path: Path) -> bytes:
 def empty_file(path: str | Path, fmt: str, reason: str = "empty file") -> ReadResult:
     """A readable file with nothing in it: no rows, one note saying so."""
     return ReadResult(file=str(path), format=fmt, skipped=(Skipped(str(path), None, reason),))
+
+
+def read_text_file(path: str | Path, fmt: str, not_what: str,
+                   from_text: Callable[[Path, str], ReadResult]) -> ReadResult:
+    """A text reader's read(path): the file's bytes, an empty file said so, binary data refused (naming what it is
+    not), the text handed to `from_text(path, text)`."""
+    path = Path(path)
+    data = read_file_bytes(path)
+    if not data.strip():
+        return empty_file(str(path), fmt)
+    return from_text(path, decode_text(path, data, not_what))
 
 
 def decode_text(path: str | Path, data: bytes, not_what: str) -> str:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ranktrace.analyzers import schema
-from ranktrace.analyzers.readers.base import (ColumnMap, ReadResult, ReaderError, Skipped, binary_or_json, decode_text,
-                                              empty_file, read_file_bytes)
+from ranktrace.analyzers.readers.base import (ColumnMap, ReadResult, ReaderError, Skipped, binary_or_json,
+                                              read_text_file)
 from ranktrace.analyzers.readers.common.ranks import rank_from_name
 from ranktrace.analyzers.readers.common.stacks import stacks_table
 from ranktrace.analyzers.readers.faulthandler.scan import SNIFF, scan
@@ -61,13 +61,7 @@ def read(path: Path) -> ReadResult:
     short paths, so the same frame is spelled differently by the two readers; no pid is printed (null unless the
     lead knows it); rank comes from a launcher prefix, else from the file name.
     """
-    path = Path(path)
-    data = read_file_bytes(path)
-    f = str(path)
-    if not data.strip():
-        return empty_file(f, FORMAT)
-    text = decode_text(path, data, "binary data, not a faulthandler dump")
-    return _from_text(path, text)
+    return read_text_file(path, FORMAT, "binary data, not a faulthandler dump", _from_text)
 
 
 def read_doc(doc: TextDoc) -> ReadResult:

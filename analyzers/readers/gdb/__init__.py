@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ranktrace.analyzers import schema
-from ranktrace.analyzers.readers.base import (ColumnMap, ReadResult, ReaderError, Skipped, binary_or_json, decode_text,
-                                              empty_file, read_file_bytes)
+from ranktrace.analyzers.readers.base import (ColumnMap, ReadResult, ReaderError, Skipped, binary_or_json,
+                                              read_text_file)
 from ranktrace.analyzers.readers.common.ranks import rank_from_name
 from ranktrace.analyzers.readers.common.stacks import StackRecord, stacks_table
 from ranktrace.analyzers.readers.gdb.frames import frame_text
@@ -70,13 +70,7 @@ def read(path: Path) -> ReadResult:
     ``<<<grid,block>>>`` launch text); Python frames are only visible as ``_PyEval_EvalFrameDefault`` unless the user
     ran ``py-bt`` (not parsed); a frame line cut in the middle is skipped (reported), so that stack has a gap.
     """
-    path = Path(path)
-    data = read_file_bytes(path)
-    f = str(path)
-    if not data.strip():
-        return empty_file(f, FORMAT)
-    text = decode_text(path, data, "binary data (a core file?), not gdb text output")
-    return _from_text(path, text)
+    return read_text_file(path, FORMAT, "binary data (a core file?), not gdb text output", _from_text)
 
 
 def read_doc(doc: TextDoc) -> ReadResult:
