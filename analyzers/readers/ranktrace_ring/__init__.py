@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ranktrace.analyzers.readers.base import ColumnMap, ReaderError, ReadResult, Skipped
-from ranktrace.analyzers.readers.ranktrace_ring.events import ENCODED, RING_WRAPPED, identity_of, ring_to_events
+from ranktrace.analyzers.readers.base import ColumnMap, ReaderError, ReadResult
+from ranktrace.analyzers.readers.ranktrace_ring.events import (ENCODED, RING_WRAPPED, identity_of, ring_result,
+                                                               ring_to_events)
 from ranktrace.tracer import ringformat as rf
 from ranktrace.tracer.ringreader import RingError, read_ring
 
@@ -44,16 +45,4 @@ def read(path: Path, host: str | None = None) -> ReadResult:
         rc = read_ring(str(path))
     except (RingError, OSError) as e:
         raise ReaderError(path, str(e)) from e
-    host = host or rc.host
-    skipped: list[Skipped] = []
-    if rc.torn_meta:
-        skipped.append(Skipped(str(path), None, f"{rc.torn_meta} meta record(s) cut mid-write (process killed?)"))
-    if rc.lost_ops:
-        skipped.append(Skipped(str(path), None, f"{rc.lost_ops} older op record(s) overwritten by the ring wrap"))
-    if rc.meta_full:
-        skipped.append(Skipped(str(path), None, "meta region full: later strings recorded as '?'"))
-    ident = identity_of(rc)
-    return ReadResult(
-        file=str(path), format=FORMAT, version=str(rf.VERSION), events=ring_to_events(rc, host, str(path)),
-        skipped=tuple(skipped), world_size=ident.get("world"),
-    )
+    return ring_result(str(path), rc, host or rc.host)

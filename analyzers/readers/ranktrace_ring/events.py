@@ -9,10 +9,11 @@ import numpy as np
 import pyarrow as pa
 
 from ranktrace.analyzers import schema
+from ranktrace.analyzers.readers.base import ReadResult, Skipped
 from ranktrace.tracer import ringformat as rf
 from ranktrace.tracer.ringreader import RingContents
 
-__all__ = ["RING_WRAPPED", "ENCODED", "ring_to_events", "identity_of", "roles_text"]
+__all__ = ["RING_WRAPPED", "ENCODED", "ring_to_events", "identity_of", "roles_text", "ring_result"]
 
 _ROLE_ORDER = ("dp", "pp", "attn_cp", "moe_dp", "pcp", "tp", "dcp", "ep", "rank", "local_rank")
 
@@ -217,3 +218,18 @@ def _in_time_order(slot_table: pa.Table, slot_t: Any, meta_table: pa.Table) -> p
             return pa.concat_tables(pieces)
     table = pa.concat_tables([slot_table, meta_table])
     return table.sort_by([("t_ns", "ascending")]) if table.num_rows else table
+
+
+def ring_result(path: str, rc: Any, host: str) -> ReadResult:
+    """One ring read: its EVENTS, and a note each for meta records cut mid-write, op records lost to the wrap and
+    a full meta region."""
+    skipped: list[Skipped] = []
+    if rc.torn_meta:
+        skipped.append(Skipped(path, None, f"{rc.torn_meta} meta record(s) cut mid-write (process killed?)"))
+    if rc.lost_ops:
+        skipped.append(Skipped(path, None, f"{rc.lost_ops} older op record(s) overwritten by the ring wrap"))
+    if rc.meta_full:
+        skipped.append(Skipped(path, None, "meta region full: later strings recorded as '?'"))
+    return ReadResult(file=path, format="ranktrace_ring", version=str(rf.VERSION),
+                      events=ring_to_events(rc, host, path), skipped=tuple(skipped),
+                      world_size=identity_of(rc).get("world"))

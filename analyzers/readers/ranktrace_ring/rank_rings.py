@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ranktrace.analyzers.readers.base import ReadResult, Skipped
-from ranktrace.analyzers.readers.ranktrace_ring.events import identity_of, ring_to_events
+from ranktrace.analyzers.readers.ranktrace_ring.events import identity_of, ring_result
 from ranktrace.analyzers.readers.ranktrace_ring.window import SENDS, Records, labels_before, select
 from ranktrace.tracer import ringformat as rf
 from ranktrace.tracer.ringreader import SLOT_FIELDS, RingError, RingView
@@ -118,16 +118,7 @@ def _read_rank(views: list[RingView], paths: list[Path], host: str, rows: int,
             rc.oldest_t_ns = int(t.min())
         out.records += n
         out.kept += len(cols["commit"])
-        skipped: list[Skipped] = []
-        if rc.torn_meta:
-            skipped.append(Skipped(str(path), None, f"{rc.torn_meta} meta record(s) cut mid-write (process killed?)"))
-        if rc.lost_ops:
-            skipped.append(Skipped(str(path), None, f"{rc.lost_ops} older op record(s) overwritten by the ring wrap"))
-        if rc.meta_full:
-            skipped.append(Skipped(str(path), None, "meta region full: later strings recorded as '?'"))
-        got[path] = ReadResult(file=str(path), format="ranktrace_ring", version=str(rf.VERSION),
-                               events=ring_to_events(rc, host, str(path)), skipped=tuple(skipped),
-                               world_size=identity_of(rc).get("world"))
+        got[path] = ring_result(str(path), rc, host)
     return got
 
 
