@@ -33,6 +33,7 @@ def analyze(paths: list[Path], *, liveness: Liveness | None, whole: bool = False
         verdict=verdict, events=ctx.events, ops=ctx.ops, stacks=inputs.stacks, observations=inputs.observations,
         open_spans=tuple(ctx.open_spans), open_rows=tuple(int(i) for i in ctx.open_rows), job=ctx.job,
         liveness=liveness, hosts=tuple(inputs.hosts), files=tuple(inputs.files), skipped=tuple(inputs.skipped),
+        windowed=bool(inputs.window is not None and inputs.window.cut),
     )
 
 

@@ -119,6 +119,7 @@ class Analysis:
     hosts: tuple[HostRun, ...] = ()        # ranktrace host dirs read
     files: tuple[str, ...] = ()            # every file a reader read
     skipped: tuple["Skipped", ...] = ()    # what was not used, and why
+    windowed: bool = False                 # records of ours were left out (each rank's latest ones were read)
 
     def inside(self) -> dict[int, OpenSpan]:
         """Per rank, the innermost (latest) call it entered and never left: who is inside what right now."""

@@ -74,6 +74,43 @@ def test_the_verdict_window_never_cuts_the_sequences_compared(runs, monkeypatch:
     assert key(cut) == key(whole) and min(d.position for d in cut.first_divergence) == 4
 
 
+def test_whole_sequences_read_from_events_arrow_equal_a_whole_analysis(runs, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch):
+    """Where the verdict's window cut a finalized run, compare reads every op straight from events.arrow (strings
+    left dictionary-encoded, issue #17's 5 s); each rank's sequence is the one a whole analysis gives. A live run
+    (rings only, no events.arrow) falls back to that whole analysis, with the same answer."""
+    from ranktrace.analyzers import facade
+    from ranktrace.analyzers.compare import sequences, whole
+
+    monkeypatch.setenv("RANKTRACE_WINDOW_ROWS", "2")
+    run = runs["skip"]
+    an = facade.analyze([run], liveness=None)
+    assert an.windowed
+    fast = whole.run_tables(an, run, liveness=None)
+    slow = facade.analyze([run], liveness=None, whole=True)
+    assert fast.how == "events.arrow" and not slow.windowed
+
+    def seqs(tables) -> dict[int, list[tuple]]:
+        s = sequences.op_sequences(tables, "events")
+        rows = whole.decoded(s.table).to_pylist()
+        return {r: [(x["phase"], x["group"], x["name"], x["seq"], x["dtype"], x["shape"], x["callsite"])
+                    for x in rows[a:b]] for r, (a, b) in s.bounds.items()}
+
+    got, want = seqs(fast), seqs(whole.RunTables(slow.events, slow.ops, "analysis"))
+    assert got == want and sorted(got) == [0, 1] and min(len(v) for v in got.values()) >= 4
+
+    live = tmp_path / "live"
+    import shutil
+    shutil.copytree(run, live)
+    for ev in live.glob("*/events.arrow"):
+        ev.unlink()
+    an_live = facade.analyze([live], liveness=None)
+    assert whole.run_tables(an_live, live, liveness=None).how == "analysis"
+    key = lambda c: sorted((d.rank, d.position, d.a, d.b) for d in c.first_divergence)  # noqa: E731
+    assert key(compare_paths(runs["clean"], live, liveness=None)) == key(compare_paths(runs["clean"], run,
+                                                                                        liveness=None))
+
+
 def test_other_world_size_and_nccl_env_named_in_the_context_and_no_false_divergence(runs):
     c = compare_paths(runs["clean"], runs["world3"], liveness=None)
     f = facts_by_key(c)

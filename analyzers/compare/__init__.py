@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ranktrace.analyzers import facade
 from ranktrace.analyzers.compare import decisions, facts, sequences, timings
+from ranktrace.analyzers.compare.whole import RunTables, run_tables
 from ranktrace.analyzers.model import Analysis, Comparison, Divergence, Liveness
 
 __all__ = ["Comparison", "Divergence", "compare_paths", "compare_analyses", "describe_inputs"]
@@ -51,8 +52,11 @@ def _command(an: Analysis) -> str | None:
     return " ".join(map(str, cmd)) if cmd else None
 
 
-def compare_analyses(ra: Analysis, rb: Analysis, a: str, b: str) -> Comparison:
-    """Compare two analyses (see the module docstring for the five answers)."""
+def compare_analyses(ra: Analysis, rb: Analysis, a: str, b: str, *, tables: tuple[RunTables, RunTables] | None = None
+                     ) -> Comparison:
+    """Compare two analyses (see the module docstring for the five answers). `tables`: each run's every record and
+    op (whole.run_tables), where the analyses read a window of them; the sequences and timings come from these."""
+    ta, tb = tables or (RunTables(ra.events, ra.ops, "analysis"), RunTables(rb.events, rb.ops, "analysis"))
     cmp = Comparison(a, b, a_inputs=describe_inputs(ra), b_inputs=describe_inputs(rb))
     fa, fb = facts.run_facts(ra), facts.run_facts(rb)
     cmp.context_diff = facts.context_diff(fa, fb, env_a=facts.env_known(ra), env_b=facts.env_known(rb))
@@ -63,8 +67,8 @@ def compare_analyses(ra: Analysis, rb: Analysis, a: str, b: str) -> Comparison:
         cmp.notes.append(f"only {'A' if db.empty else 'B'} has NCCL INFO lines: NCCL's decisions are shown for one "
                          "side only")
     cmp.verdict_a, cmp.verdict_b = ra.verdict, rb.verdict
-    src_a, src_b = sequences.choose_source(sequences.op_sources(ra), sequences.op_sources(rb))
-    sa, sb = sequences.op_sequences(ra, src_a), sequences.op_sequences(rb, src_b)
+    src_a, src_b = sequences.choose_source(sequences.op_sources(ta), sequences.op_sources(tb))
+    sa, sb = sequences.op_sequences(ta, src_a), sequences.op_sequences(tb, src_b)
     wa, wb = facts.world_size(ra), facts.world_size(rb)
     with_shapes = wa is None or wb is None or wa == wb
     cmp.related, cmp.relation = sequences.relatedness(sa, sb, _command(ra), _command(rb), with_shapes=with_shapes)
@@ -87,20 +91,22 @@ def compare_analyses(ra: Analysis, rb: Analysis, a: str, b: str) -> Comparison:
     if cmp.related:
         cmp.first_divergence = sequences.first_divergence(sa, sb, with_shapes=with_shapes)
     cmp.op_counts = sequences.op_counts(sa, sb)
-    cmp.phases = timings.phases_side_by_side(timings.phase_durations(ra), timings.phase_durations(rb))
-    cmp.latency = timings.latency_side_by_side(timings.latency(ra), timings.latency(rb))
+    cmp.phases = timings.phases_side_by_side(timings.phase_durations(ta), timings.phase_durations(tb))
+    cmp.latency = timings.latency_side_by_side(timings.latency(ta), timings.latency(tb))
     return cmp
 
 
 def compare_paths(a: Path, b: Path, *, liveness: Liveness | None) -> Comparison:
-    """Analyze both (`liveness` as for ``facade.analyze``: one value may cover both runs; the two analyses run
-    side by side) and compare them. Raises facade.InputError when either has nothing readable."""
-    results: dict[str, Analysis] = {}
+    """Analyze both as `trace analyze` would (`liveness` as for ``facade.analyze``: one value may cover both runs)
+    and compare them, the sequences and timings over every op of each run (whole.run_tables). The two runs are
+    read side by side. Raises facade.InputError when either has nothing readable."""
+    results: dict[str, tuple[Analysis, RunTables]] = {}
     errors: dict[str, BaseException] = {}
 
     def one(key: str, path: Path) -> None:
         try:
-            results[key] = facade.analyze([path], liveness=liveness, whole=True)
+            an = facade.analyze([path], liveness=liveness)
+            results[key] = (an, run_tables(an, path, liveness=liveness))
         except BaseException as e:  # re-raised below, in the caller's thread (A's first)
             errors[key] = e
 
@@ -111,4 +117,5 @@ def compare_paths(a: Path, b: Path, *, liveness: Liveness | None) -> Comparison:
     for key in ("a", "b"):
         if key in errors:
             raise errors[key]
-    return compare_analyses(results["a"], results["b"], str(a), str(b))
+    (ra, ta), (rb, tb) = results["a"], results["b"]
+    return compare_analyses(ra, rb, str(a), str(b), tables=(ta, tb))

@@ -15,7 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ranktrace.analyzers.model import Analysis, Divergence, OpRef
+from ranktrace.analyzers.compare.whole import RunTables, codes, decoded, is_in
+from ranktrace.analyzers.model import Divergence, OpRef
 
 __all__ = ["OpSequences", "op_sequences", "op_sources", "choose_source", "first_divergence", "relatedness", "op_counts",
            "SOURCE_ORDER", "filter_rows"]
@@ -55,12 +56,14 @@ def filter_rows(table: pa.Table, mask: pa.ChunkedArray | pa.Array) -> pa.Table:
     return pa.table({name: table[name].filter(mask) for name in table.column_names})
 
 
-def op_sources(an: Analysis) -> dict[str, int]:
+def op_sources(run: RunTables) -> dict[str, int]:
     """source -> issued ops it gave (the ops table has one row per op: a few million at most)."""
-    ops = an.ops
+    ops = run.ops
     if not ops.num_rows:
         return {}
-    return {r["values"]: r["counts"] for r in pc.value_counts(ops["source"]).to_pylist() if r["values"]}
+    values: dict[object, int] = {}
+    counts = np.bincount(codes(ops["source"], values), minlength=len(values))
+    return {v: int(counts[c]) for v, c in values.items() if v and counts[c]}
 
 
 def choose_source(counts_a: dict[str, int], counts_b: dict[str, int]) -> tuple[str | None, str | None]:
@@ -80,31 +83,32 @@ def choose_source(counts_a: dict[str, int], counts_b: dict[str, int]) -> tuple[s
     return best(counts_a, set(counts_a)), best(counts_b, set(counts_b))
 
 
-def _group_labels(groups: pa.ChunkedArray, descs: pa.ChunkedArray) -> pa.ChunkedArray | pa.Array:
-    """group_desc where known, else the group; per-run hashes renamed comm#1, comm#2 ... by first use (only then is
-    the column re-encoded: our own group names are stable across runs and pass through)."""
-    base = pc.coalesce(descs, groups) if len(groups) else pa.array([], pa.string())
-    names = [n for n in pc.unique(base).to_pylist() if n is not None]
-    hashlike = [n for n in names if _HASHLIKE.match(str(n))]
-    if not hashlike:
-        return base
-    idx = pc.index_in(base, value_set=pa.array(hashlike, pa.string()))
-    codes = np.asarray(pc.fill_null(idx, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
-    first = [int(np.argmax(codes == i)) for i in range(len(hashlike))]
-    renamed = {hashlike[i]: f"comm#{k + 1}" for k, i in enumerate(np.argsort(first, kind="stable").tolist())}
-    new = pc.take(pa.array([renamed[h] for h in hashlike], pa.string()), idx)
-    return pc.if_else(pc.is_valid(idx), new, base)
+def _group_labels(groups: pa.ChunkedArray, descs: pa.ChunkedArray) -> pa.Array:
+    """group_desc where known, else the group; per-run hashes renamed comm#1, comm#2 ... by first use (our own
+    group names are stable across runs and pass through). Dictionary-encoded: one code per op, a few labels."""
+    values: dict[object, int] = {"": 0}
+    base = codes(groups, values)
+    if descs.null_count < len(descs):
+        d = codes(descs, values)
+        base = np.where(d != 0, d, base)
+    labels = list(values)
+    hashlike = [i for i, n in enumerate(labels) if _HASHLIKE.match(str(n))]
+    if hashlike:
+        first = {i: int(np.argmax(base == i)) for i in hashlike if np.any(base == i)}
+        for k, i in enumerate(sorted(first, key=first.__getitem__)):
+            labels[i] = f"comm#{k + 1}"
+    return pa.DictionaryArray.from_arrays(pa.array(base, pa.int32()), pa.array(labels, pa.string()))
 
 
-def _phases(an: Analysis, rank: np.ndarray, t: np.ndarray, t_ok: np.ndarray) -> pa.Array:
+def _phases(run: RunTables, rank: np.ndarray, t: np.ndarray, t_ok: np.ndarray) -> pa.Array:
     """The phase each op was issued in: the innermost phase span (category ``phase``) open on its rank at its time;
     ops issued inside a CUDA graph capture are in ``graph capture``."""
-    ev = an.events
+    ev = run.events
     if not ev.num_rows or not rank.size:
         return pa.nulls(rank.size, pa.string())
     ev = ev.select(["category", "rank", "pid", "span_id", "kind", "name", "t_ns"])
-    ph = ev.filter(pc.equal(ev["category"], "phase"))
-    ph = ph.filter(pc.is_valid(ph["t_ns"]))
+    ph = filter_rows(ev, pa.array(is_in(ev["category"], ("phase",))))
+    ph = decoded(ph.filter(pc.is_valid(ph["t_ns"])))
     if not ph.num_rows:
         return pa.nulls(rank.size, pa.string())
     spans: dict[tuple[Any, Any, Any], list[Any]] = {}
@@ -116,41 +120,46 @@ def _phases(an: Analysis, rank: np.ndarray, t: np.ndarray, t_ok: np.ndarray) -> 
         elif r["kind"] in ("exit", "error"):
             s[3] = r["t_ns"]
     names: list[str] = []
-    codes = np.full(rank.size, -1, dtype=np.int32)
+    phase_of = np.full(rank.size, -1, dtype=np.int32)
+    cuts = np.flatnonzero(np.diff(rank)) + 1
+    slices: dict[int, list[tuple[int, int]]] = {}
+    for a, b in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [rank.size])).tolist()):
+        slices.setdefault(int(rank[a]), []).append((a, b))
     for prank, name, start, end in sorted((s for s in spans.values() if s[0] is not None and s[2] is not None),
                                           key=lambda s: s[2]):
         if name not in names:
             names.append(name)
         stop = end if end is not None else np.iinfo(np.int64).max
-        codes[(rank == prank) & t_ok & (t >= start) & (t < stop)] = names.index(name)
-    return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), pa.array(names, pa.string())).cast(
-        pa.string())
+        for a, b in slices.get(int(prank), ()):   # a rank's ops only (one slice when ordered by rank)
+            part = slice(a, b)
+            phase_of[part][t_ok[part] & (t[part] >= start) & (t[part] < stop)] = names.index(name)
+    return pa.DictionaryArray.from_arrays(pa.array(phase_of, mask=phase_of < 0), pa.array(names, pa.string()))
 
 
-def op_sequences(an: Analysis, source: str | None = None) -> OpSequences:
+def op_sequences(run: RunTables, source: str | None = None) -> OpSequences:
     """Each rank's issued ops in issue order, from one source (see ``SOURCE_ORDER``). The ops table already comes
-    ordered by (rank, time of issue) (timeline.build_ops), so this only filters; nulls become "" / -1 so that two
-    runs' columns compare element by element."""
-    ops = an.ops
+    ordered by (rank, time of issue) (timeline.build_ops, whole.RunTables), so this only filters. String columns
+    stay dictionary-encoded; nulls compare as "" and a missing seq as -1."""
+    ops = run.ops
     if source is None:
-        source = choose_source(op_sources(an), {})[0]
+        source = choose_source(op_sources(run), {})[0]
     if source is None:
         return OpSequences(pa.table({c: pa.array([], pa.string()) for c in _COLS}), None, {})
-    ops = ops.select(["rank", "t_enter", "line", "issued", "source", "group", "group_desc", "name", "seq", "dtype",
+    ops = ops.select(["rank", "t_enter", "issued", "source", "group", "group_desc", "name", "seq", "dtype",
                       "shape", "callsite", "capturing"])   # filtering few columns is many times faster
-    ops = filter_rows(ops, pc.and_(pc.and_(ops["issued"], pc.equal(ops["source"], source)), pc.is_valid(ops["rank"])))
+    ops = filter_rows(ops, pc.and_(pc.and_(pc.fill_null(ops["issued"], False),
+                                           pc.fill_null(pc.equal(ops["source"], source), False)),
+                                   pc.is_valid(ops["rank"])))
     rank = np.asarray(ops["rank"].to_numpy(), dtype=np.int64)
     t_np = np.asarray(pc.fill_null(ops["t_enter"], 0).to_numpy(), dtype=np.int64)
     t_ok = np.asarray(pc.is_valid(ops["t_enter"]).to_numpy(zero_copy_only=False), dtype=bool)
-    phase = _phases(an, rank, t_np, t_ok)
+    phase = _phases(run, rank, t_np, t_ok)
     capturing = np.asarray(pc.fill_null(ops["capturing"], False).to_numpy(zero_copy_only=False), dtype=bool)
     if capturing.any():
-        phase = pc.if_else(pa.array(capturing), pa.scalar("graph capture"), phase)
+        phase = pc.if_else(pa.array(capturing), pa.scalar("graph capture"), phase.cast(pa.string()))
     table = pa.table({
-        "rank": ops["rank"], "phase": pc.fill_null(phase, ""),
-        "group": pc.fill_null(_group_labels(ops["group"], ops["group_desc"]), ""),
-        "name": pc.fill_null(ops["name"], ""), "seq": pc.fill_null(ops["seq"], -1),
-        "dtype": pc.fill_null(ops["dtype"], ""), "shape": pc.fill_null(ops["shape"], ""),
+        "rank": ops["rank"], "phase": phase, "group": _group_labels(ops["group"], ops["group_desc"]),
+        "name": ops["name"], "seq": pc.fill_null(ops["seq"], -1), "dtype": ops["dtype"], "shape": ops["shape"],
         "callsite": ops["callsite"],
     })
     bounds: dict[int, tuple[int, int]] = {}
@@ -168,22 +177,28 @@ def op_sequences(an: Analysis, source: str | None = None) -> OpSequences:
 
 def first_divergence(sa: OpSequences, sb: OpSequences, *, with_shapes: bool = True) -> list[Divergence]:
     """Per rank present in both runs, the first position where B's (phase, group, op, seq, dtype[, shape]) sequence
-    departs from A's (an op one run issued and the other did not, or issued differently). Column by column, the
-    two runs' aligned slices are compared element-wise in C: no per-op Python, no hashing."""
+    departs from A's (an op one run issued and the other did not, or issued differently). Each column becomes one
+    int code per op, jointly for both runs (a dictionary's few values are looked up, not its millions of rows);
+    the two runs' aligned slices are then compared element-wise in numpy: no per-op Python, no hashing."""
+    keys: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for col in ("phase", "group", "name", "dtype") + (("shape",) if with_shapes else ()):
+        values: dict[object, int] = {"": 0}
+        keys[col] = (codes(sa.table[col], values), codes(sb.table[col], values))
     # a phase only one run names (a --hook phase in one of them) is no difference of what was issued
-    phased = all(s.table.num_rows and pc.any(pc.not_equal(s.table["phase"], "")).as_py() for s in (sa, sb))
-    cols = (("phase",) if phased else ()) + ("group", "name", "seq", "dtype") + (("shape",) if with_shapes else ())
+    if not all(c.size and np.any(c != 0) for c in keys["phase"]):
+        del keys["phase"]
+    keys["seq"] = tuple(np.asarray(s.table["seq"].to_numpy(), dtype=np.int64) if s.table.num_rows  # type: ignore
+                        else np.empty(0, np.int64) for s in (sa, sb))
     out: list[Divergence] = []
     for r in sorted(sa.ranks & sb.ranks):
         a0, a1 = sa.bounds[r]
         b0, b1 = sb.bounds[r]
         n = min(a1 - a0, b1 - b0)
         same = np.ones(n, dtype=bool)
-        for col in cols:
+        for ca, cb in keys.values():
             if not n:
                 break
-            eq = pc.equal(sa.table[col].slice(a0, n), sb.table[col].slice(b0, n))
-            same &= np.asarray(pc.fill_null(eq, False).to_numpy(zero_copy_only=False), dtype=bool)
+            same &= ca[a0:a0 + n] == cb[b0:b0 + n]
         diff = np.flatnonzero(~same)
         if diff.size:
             pos = int(diff[0])
@@ -227,7 +242,7 @@ def relatedness(sa: OpSequences, sb: OpSequences, cmd_a: str | None, cmd_b: str 
         if table.num_rows > _RELATEDNESS_SAMPLE:   # 16 windows spread over the run: a job's op kinds repeat
             step, width = table.num_rows // 16, _RELATEDNESS_SAMPLE // 16
             table = pa.concat_tables([table.slice(i * step, width) for i in range(16)])
-        got = table.group_by(cols, use_threads=False).aggregate([]).to_pylist()
+        got = decoded(table).group_by(cols, use_threads=False).aggregate([]).to_pylist()
         return {tuple(row[c] for c in cols) for row in got}
 
     ua, ub = distinct(sa), distinct(sb)
@@ -247,8 +262,9 @@ def op_counts(sa: OpSequences, sb: OpSequences) -> list[tuple[str, int, int]]:
     def counts(s: OpSequences) -> dict[str, int]:
         if not s.table.num_rows:
             return {}
-        return {r["name"]: r["name_count"] for r in
-                s.table.group_by(["name"], use_threads=False).aggregate([("name", "count")]).to_pylist()}
+        values: dict[object, int] = {}
+        n = np.bincount(codes(s.table["name"], values), minlength=len(values))
+        return {v: int(n[c]) for v, c in values.items() if n[c]}
 
     ca, cb = counts(sa), counts(sb)
     return [(n, ca.get(n, 0), cb.get(n, 0)) for n in sorted(set(ca) | set(cb), key=str)]

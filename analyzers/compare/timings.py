@@ -13,7 +13,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ranktrace.analyzers.compare.sequences import filter_rows
-from ranktrace.analyzers.model import Analysis, LatencyRow, PhaseTiming
+from ranktrace.analyzers.compare.whole import RunTables, decoded, is_in
+from ranktrace.analyzers.model import LatencyRow, PhaseTiming
 
 __all__ = ["phase_durations", "phases_side_by_side", "latency", "latency_side_by_side", "MAX_SAMPLES"]
 
@@ -42,7 +43,7 @@ def _ints(arr: pa.ChunkedArray | pa.Array, null: int = -1) -> np.ndarray:
 _NO_TIME = np.iinfo(np.int64).max
 
 
-def phase_durations(an: Analysis) -> dict[str, tuple[float, str]]:
+def phase_durations(an: RunTables) -> dict[str, tuple[float, str]]:
     """phase -> (seconds of the slowest rank, where from). Spans of category init/phase/graph (enter..exit, by
     span), server-log begin/end marks, CUDA graph captures numbered in order per rank, and the time from the first
     event to the first and the last collective issued."""
@@ -51,7 +52,7 @@ def phase_durations(an: Analysis) -> dict[str, tuple[float, str]]:
         return out
     ev = an.events.select(["rank", "pid", "span_id", "kind", "name", "detail", "category", "source", "t_ns",
                            "wall_ns"])
-    sub = filter_rows(ev, pc.is_in(ev["category"], value_set=pa.array(_SPAN_CATEGORIES)))   # few rows: first
+    sub = decoded(filter_rows(ev, pa.array(is_in(ev["category"], _SPAN_CATEGORIES))))   # few rows: first
     sub = sub.filter(pc.and_(pc.is_in(sub["kind"], value_set=pa.array(["enter", "exit", "error", "mark"])),
                              pc.invert(pc.fill_null(pc.match_substring(sub["name"], "replay"), False))))
     sub = sub.append_column("t", _t(sub))
@@ -98,7 +99,7 @@ def phase_durations(an: Analysis) -> dict[str, tuple[float, str]]:
     return out
 
 
-def _collective_span(an: Analysis) -> tuple[int | None, int | None, int | None]:
+def _collective_span(an: RunTables) -> tuple[int | None, int | None, int | None]:
     """(first, last) collective issue time (the ops table: one row per op) and the first event's time, in the same
     clock (CLOCK_MONOTONIC ns where the inputs have it, else wall ns)."""
     ev, ops = an.events, an.ops
@@ -106,7 +107,7 @@ def _collective_span(an: Analysis) -> tuple[int | None, int | None, int | None]:
         return None, None, None
     mono = ev["t_ns"].null_count < ev.num_rows
     t_ev, t_op = (ev["t_ns"], ops["t_enter"]) if mono else (ev["wall_ns"], ops["wall_enter"])
-    coll = pc.is_in(ops["category"], value_set=pa.array(["collective", "p2p"]))
+    coll = pa.array(is_in(ops["category"], ("collective", "p2p")))
     t = pc.filter(t_op, pc.and_(coll, pc.is_valid(t_op)))
     if not len(t) or t_ev.null_count == len(t_ev):
         return None, None, None
@@ -148,7 +149,7 @@ def _durations_by_key(t: np.ndarray, key: np.ndarray, is_start: np.ndarray, is_e
     return starts[good], dur[good]
 
 
-def latency(an: Analysis) -> dict[tuple[str, int | None, str], np.ndarray]:
+def latency(an: RunTables) -> dict[tuple[str, int | None, str], np.ndarray]:
     """(op, nbytes, basis) -> durations in µs. Past MAX_SAMPLES ops, every k-th span is kept (chosen by span id, or
     by source row: an op's start and end rows are kept or dropped together), so the cost stays bounded."""
     out: dict[tuple[str, int | None, str], np.ndarray] = {}
@@ -168,7 +169,7 @@ def latency(an: Analysis) -> dict[tuple[str, int | None, str], np.ndarray]:
             nccl = _bools(pc.equal(ev["source"].take(pa.array(nospan)), "nccl"))
             keep[nospan[nccl | (line % k == 0)]] = True
         ev = filter_rows(ev, pa.array(keep))
-    ev = filter_rows(ev, pc.is_in(ev["category"], value_set=pa.array(["collective", "p2p"])))
+    ev = decoded(filter_rows(ev, pa.array(is_in(ev["category"], ("collective", "p2p")))))
     t_all = _ints(_t(ev), _NO_TIME)
     for source in pc.unique(ev["source"]).to_pylist():
         if source not in _BASIS:
