@@ -515,6 +515,8 @@ def main(argv: list[str] | None = None) -> int:
             info = json.loads((root / "bench.json").read_text())
             print(f"reusing {root}: {info['ranks']} ranks x ~{info['events']:,} records on {info['hosts']} host(s)")
             n, culprit = info["written"], info["ranks"] - 1
+            target_s = args.target or (3.0 if n <= 8_000_000 else 30.0)   # the run's size, not the flags'
+            target_gib = args.mem_target or (2.0 if n <= 8_000_000 else 4.0)
         else:
             if args.keep:
                 shutil.rmtree(root, ignore_errors=True)
