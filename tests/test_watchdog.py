@@ -143,7 +143,7 @@ def test_rank_that_never_joins_is_an_init_hang(tmp_path: Path):
 def test_long_compute_without_collectives_is_not_a_hang(tmp_path: Path):
     run = tmp_path / "r"
     res = run_trace(["run", "-o", str(run), "--hang-after", "4", "--on-hang", "kill"]
-                    + job("compute", "--hang-seconds", "12"))
+                    + job("compute", "--hang-seconds", "9"))   # twice --hang-after, and more
     assert res.returncode == 0, res.stderr[-2000:]
     assert "silent" not in res.stderr
     v = json.loads((run / "verdict.json").read_text())
@@ -153,7 +153,7 @@ def test_long_compute_without_collectives_is_not_a_hang(tmp_path: Path):
 def test_long_weight_load_before_the_first_collective_is_not_a_hang(tmp_path: Path):
     run = tmp_path / "r"
     res = run_trace(["run", "-o", str(run), "--hang-after", "3", "--startup-hang-after", "40", "--on-hang", "kill"]
-                    + job("slowload", "--hang-seconds", "10"))
+                    + job("slowload", "--hang-seconds", "8"))
     assert res.returncode == 0, res.stderr[-2000:]
     assert "silent" not in res.stderr
 

@@ -13,6 +13,7 @@ Both go through the same facade as `trace analyze`; the answers come in the orde
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ranktrace.analyzers import facade
@@ -68,7 +69,11 @@ def compare_analyses(ra: Analysis, rb: Analysis, a: str, b: str, *, tables: tupl
                          "side only")
     cmp.verdict_a, cmp.verdict_b = ra.verdict, rb.verdict
     src_a, src_b = sequences.choose_source(sequences.op_sources(ta), sequences.op_sources(tb))
-    sa, sb = sequences.op_sequences(ta, src_a), sequences.op_sequences(tb, src_b)
+    with ThreadPoolExecutor(max_workers=2) as pool:   # each run's own work side by side (numpy and arrow let go
+        seqs = pool.map(sequences.op_sequences, (ta, tb), (src_a, src_b))   # of the GIL)
+        durations = pool.map(timings.phase_durations, (ta, tb))
+        lat = pool.map(timings.latency, (ta, tb))
+        (sa, sb), (pha, phb), (la, lb) = list(seqs), list(durations), list(lat)
     wa, wb = facts.world_size(ra), facts.world_size(rb)
     with_shapes = wa is None or wb is None or wa == wb
     cmp.related, cmp.relation = sequences.relatedness(sa, sb, _command(ra), _command(rb), with_shapes=with_shapes)
@@ -91,8 +96,8 @@ def compare_analyses(ra: Analysis, rb: Analysis, a: str, b: str, *, tables: tupl
     if cmp.related:
         cmp.first_divergence = sequences.first_divergence(sa, sb, with_shapes=with_shapes)
     cmp.op_counts = sequences.op_counts(sa, sb)
-    cmp.phases = timings.phases_side_by_side(timings.phase_durations(ta), timings.phase_durations(tb))
-    cmp.latency = timings.latency_side_by_side(timings.latency(ta), timings.latency(tb))
+    cmp.phases = timings.phases_side_by_side(pha, phb)
+    cmp.latency = timings.latency_side_by_side(la, lb)
     return cmp
 
 

@@ -8,10 +8,15 @@ custom all-reduce registers its graph buffers when capture ends), then the EAGLE
 main process waits for every scheduler and logs "The server is fired up and ready to roll!". Faults
 (sglang/srt/server_args.py) plant the hangs real servers have.
 """
+import multiprocessing as mp
 import sys
 
 from sglang.srt.entrypoints.http_server import launch_server
 from sglang.srt.server_args import prepare_server_args
 
 if __name__ == "__main__":
-    sys.exit(launch_server(prepare_server_args(sys.argv[1:])))
+    try:
+        sys.exit(launch_server(prepare_server_args(sys.argv[1:])))
+    finally:  # as SGLang's launch_server.py: kill_process_tree(os.getpid(), include_parent=False)
+        for child in mp.active_children():
+            child.kill()

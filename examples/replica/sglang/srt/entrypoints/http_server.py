@@ -61,7 +61,8 @@ def launch_server(server_args: ServerArgs) -> int:
     try:
         while True:
             time.sleep(3600)
-    except KeyboardInterrupt:  # Ctrl-C: the schedulers got it too and leave their event loops
+    except KeyboardInterrupt:  # Ctrl-C: the schedulers got it too and leave their event loops (a SIGINT to this
+        end = time.monotonic() + 5  # process alone leaves them to launch_server.py's kill, as in SGLang)
         for p in procs:
-            p.join(30)
+            p.join(max(0.0, end - time.monotonic()))
         return 0
