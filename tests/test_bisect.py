@@ -12,13 +12,14 @@ import os
 import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from ranktrace.tracer.launch.bisect import knobs
 from ranktrace.tracer.launch.bisect.search import Config, Search, Tally
-from tests.helpers import EXAMPLE, PY, REPO, SCRIPTS, TRACE, run_trace, trace_env
+from tests.helpers import EXAMPLE, PY, SCRIPTS, TRACE, run_trace, trace_env
 
 KNOB_JOB = SCRIPTS / "knob_job.py"
 
@@ -70,11 +71,69 @@ EXAMPLE_P2P = ["--", PY, str(EXAMPLE), "--world", "2", "--steps", "3", "--fault"
                "--timeout", "300", "--hang-seconds", "300"]
 
 
-def test_bisect_finds_the_p2p_knob_from_the_catalogue_within_the_budget(tmp_path: Path):
+# The four runs of real example jobs (and the ready-line one) take most of this file's time, most of it waiting for
+# --hang-after: they run once, up front, two at a time, the longest first; each test reads its own.
+
+def _bisect_flaky(tmp_path: Path) -> tuple:
+    kf = write_knobs(tmp_path / "knobs.toml", 'only = ["NCCL_P2P_DISABLE=1"]\n')
+    return bisect(tmp_path, ["--repeat", "2", "--budget", "4", "--hang-after", "4", "--knobs", str(kf)]
+                  + EXAMPLE_P2P + ["--fault-rate", "0.5"], EXAMPLE_FAULT_COUNTER=str(tmp_path / "counter"))
+
+
+def _bisect_ready(tmp_path: Path) -> tuple:
+    kf = write_knobs(tmp_path / "knobs.toml", 'only = ["graphs off"]\n[[knob]]\nname = "graphs off"\narea = "graph"\n'
+                                              '[[knob.variant]]\nadd = ["--new-spelling"]\n'
+                                              '[[knob.variant]]\nadd = ["--old-spelling"]\n')
+    return bisect(tmp_path, ["--repeat", "2", "--hang-after", "1", "--startup-hang-after", "3", "--knobs",
+                             str(kf), "--ready", "READY TO SERVE", "--", PY, str(KNOB_JOB),
+                             "--reject-flag=--new-spelling", "--needs-flag=--old-spelling", "--ready", "--orphan",
+                             str(tmp_path / "orphan.pid")])
+
+
+def _bisect_p2p(tmp_path: Path) -> tuple:
+    return bisect(tmp_path, ["--repeat", "1", "--budget", "2", "--hang-after", "4"] + EXAMPLE_P2P)
+
+
+def _bisect_flag(tmp_path: Path) -> tuple:
+    kf = write_knobs(tmp_path / "knobs.toml", '[[knob]]\nname = "no custom all-reduce"\narea = "custom_ar"\n'
+                                              'add = ["--disable-custom-all-reduce"]\n'
+                                              'suggests = "the custom all-reduce"\n')
+    return bisect(tmp_path, ["--repeat", "1", "--budget", "3", "--hang-after", "4", "--knobs", str(kf), "--",
+                             PY, str(EXAMPLE), "--world", "2", "--steps", "3", "--fault", "custom-ar",
+                             "--fault-step", "1", "--timeout", "300", "--hang-seconds", "300"])
+
+
+BISECTS = {"flaky": _bisect_flaky, "ready": _bisect_ready, "p2p": _bisect_p2p, "flag": _bisect_flag}
+
+
+@pytest.fixture(scope="module")
+def bisected(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
+    base = tmp_path_factory.mktemp("bisects")
+
+    def one(name: str) -> tuple[str, tuple]:
+        tmp = base / name
+        tmp.mkdir()
+        try:
+            return name, (tmp, *BISECTS[name](tmp))
+        except Exception as e:  # raised in the test that reads this run, not in all of them
+            return name, (tmp, e)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(one, BISECTS))
+
+
+def ran(bisected: dict[str, tuple], name: str) -> tuple:
+    got = bisected[name]
+    if isinstance(got[1], BaseException):
+        raise got[1]
+    return got
+
+
+def test_bisect_finds_the_p2p_knob_from_the_catalogue_within_the_budget(bisected):
     """The p2p fault: rank 1's transfer never lands while P2P is on. The verdict (a send left waiting on rank 1,
     whose stack is in p2p_copy) puts the P2P knobs first; NCCL_P2P_DISABLE=1 fixes it; its narrower knob
     NCCL_P2P_LEVEL=NVL would be next, but --budget 2 is spent: the answer stands, the rest is listed untried."""
-    res, doc = bisect(tmp_path, ["--repeat", "1", "--budget", "2", "--hang-after", "4"] + EXAMPLE_P2P)
+    tmp_path, res, doc = ran(bisected, "p2p")
     assert res.returncode == 0, res.stderr[-3000:]
     assert doc["schema"] == "ranktrace.bisect/1" and doc["status"] == "fixed"
     assert doc["runs_used"] == 2 and doc["stopped"].startswith("budget: 2 of 2 runs used")
@@ -101,13 +160,11 @@ def test_bisect_finds_the_p2p_knob_from_the_catalogue_within_the_budget(tmp_path
     assert leftovers(str(tmp_path)) == []
 
 
-def test_bisect_flaky_hang_reports_rates_over_repeat(tmp_path: Path):
+def test_bisect_flaky_hang_reports_rates_over_repeat(bisected):
     """The p2p fault firing in every other run (--fault-rate 0.5, exact through a counter file): the baseline hangs
     1/2, NCCL_P2P_DISABLE=1 succeeds 2/2 — a fix, with the chance that two successes were luck at the baseline's
     rate (25%) said in the answer."""
-    kf = write_knobs(tmp_path / "knobs.toml", 'only = ["NCCL_P2P_DISABLE=1"]\n')
-    res, doc = bisect(tmp_path, ["--repeat", "2", "--budget", "4", "--hang-after", "4", "--knobs", str(kf)]
-                      + EXAMPLE_P2P + ["--fault-rate", "0.5"], EXAMPLE_FAULT_COUNTER=str(tmp_path / "counter"))
+    tmp_path, res, doc = ran(bisected, "flaky")
     assert res.returncode == 0, res.stderr[-3000:]
     assert [(c["name"], c["rates"], c["effect"]) for c in doc["configurations"]] == [
         ("baseline", "hang 1/2, success 1/2", "baseline"), ("NCCL_P2P_DISABLE=1", "success 2/2", "fixes")]
@@ -117,16 +174,11 @@ def test_bisect_flaky_hang_reports_rates_over_repeat(tmp_path: Path):
     assert leftovers(str(tmp_path)) == []
 
 
-def test_bisect_finds_a_flag_the_verdict_points_at(tmp_path: Path):
+def test_bisect_finds_a_flag_the_verdict_points_at(bisected):
     """The custom-ar fault: rank 1 hangs registering IPC buffers inside custom_all_reduce. A knobs file adds the
     framework flag --disable-custom-all-reduce (area custom_ar) beside the catalogue; the culprit's stack puts
     custom all-reduce knobs first, so the flag is the first thing tried."""
-    kf = write_knobs(tmp_path / "knobs.toml", '[[knob]]\nname = "no custom all-reduce"\narea = "custom_ar"\n'
-                                              'add = ["--disable-custom-all-reduce"]\n'
-                                              'suggests = "the custom all-reduce"\n')
-    res, doc = bisect(tmp_path, ["--repeat", "1", "--budget", "3", "--hang-after", "4", "--knobs", str(kf), "--",
-                                 PY, str(EXAMPLE), "--world", "2", "--steps", "3", "--fault", "custom-ar",
-                                 "--fault-step", "1", "--timeout", "300", "--hang-seconds", "300"])
+    tmp_path, res, doc = ran(bisected, "flag")
     assert res.returncode == 0, res.stderr[-3000:]
     assert doc["order"][0] == {"area": "custom_ar", "reason": "the verdict mentions 'custom_all_reduce'"}
     assert [c["name"] for c in doc["configurations"]] == ["baseline", "+ --disable-custom-all-reduce"]
@@ -194,17 +246,11 @@ def test_time_budget_cuts_the_run_in_progress(tmp_path: Path):
     assert leftovers(str(tmp_path)) == []
 
 
-def test_ready_line_is_success_and_rejected_spellings_fall_back_and_orphans_are_reaped(tmp_path: Path):
+def test_ready_line_is_success_and_rejected_spellings_fall_back_and_orphans_are_reaped(bisected):
     """A server-like job: success is its ready line (the bisect then stops it). The knob's first spelling is one the
     command rejects (as a flag of another release would be): the next spelling is tried. Every run leaves a detached
     grandchild behind; none survives."""
-    kf = write_knobs(tmp_path / "knobs.toml", 'only = ["graphs off"]\n[[knob]]\nname = "graphs off"\narea = "graph"\n'
-                                              '[[knob.variant]]\nadd = ["--new-spelling"]\n'
-                                              '[[knob.variant]]\nadd = ["--old-spelling"]\n')
-    res, doc = bisect(tmp_path, ["--repeat", "2", "--hang-after", "1", "--startup-hang-after", "3", "--knobs",
-                                 str(kf), "--ready", "READY TO SERVE", "--", PY, str(KNOB_JOB), "--reject-flag=--new-spelling",
-                                 "--needs-flag=--old-spelling", "--ready", "--orphan",
-                                 str(tmp_path / "orphan.pid")])
+    tmp_path, res, doc = ran(bisected, "ready")
     assert res.returncode == 0, res.stderr[-3000:]
     assert [(c["name"], c["rates"]) for c in doc["configurations"]] == [
         ("baseline", "hang 2/2"), ("+ --new-spelling", "rejected 1/1"), ("+ --old-spelling", "success 2/2")]

@@ -3,13 +3,15 @@
 from what it records, the job's own output and the stacks.
 
 Each scenario plants one hang with the replica's --fault; --on-hang kill ends it (the replica's timeouts are far
-beyond the test), so a wrong verdict fails fast instead of hanging.
+beyond the test), so a wrong verdict fails fast instead of hanging. All scenarios run once, up front, two at a time
+(most of each is the wait for --hang-after), the 30 s JIT start-up first; every test reads the run it needs.
 """
 from __future__ import annotations
 
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -30,9 +32,46 @@ def serve(tmp_path: Path, *server: str, hang_after: str = "5", extra: tuple[str,
     return res, v, run, time.monotonic() - t0
 
 
-def test_all_ranks_stall_after_an_enqueued_pynccl_all_reduce(tmp_path: Path):
+#: scenario -> (the server's arguments, serve()'s keywords); the longest first
+SCENARIOS: dict[str, tuple[tuple[str, ...], dict]] = {
+    "jit": (("--jit-seconds", "30"), {"timeout": 300}),
+    "enqueued-ar": (("--fault", "enqueued-ar", "--fault-step", "4"), {}),
+    "capture-stall": (("--fault", "capture-stall", "--fault-rank", "2", "--fault-bs", "4"), {}),
+    "register-one": (("--fault", "register-one", "--fault-rank", "3"), {}),
+    "register-all": (("--fault", "register-all"), {}),
+    "draft-sync": (("--fault", "draft-sync", "--fault-rank", "1"), {}),
+    "comm-init": (("--fault", "comm-init"), {}),
+    "die": (("--fault", "die", "--fault-rank", "2"), {"hang_after": "30"}),
+    "nojoin": (("--fault", "nojoin", "--fault-rank", "3"), {}),
+}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple | BaseException]:
+    base = tmp_path_factory.mktemp("serving")
+
+    def one(name: str) -> tuple[str, tuple | BaseException]:
+        args, kw = SCENARIOS[name]
+        (base / name).mkdir()
+        try:
+            return name, serve(base / name, *args, **kw)
+        except Exception as e:  # raised in the test that reads this scenario, not in all of them
+            return name, e
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(one, SCENARIOS))
+
+
+def scenario(served: dict[str, tuple | BaseException], name: str) -> tuple:
+    got = served[name]
+    if isinstance(got, BaseException):
+        raise got
+    return got
+
+
+def test_all_ranks_stall_after_an_enqueued_pynccl_all_reduce(served):
     """The seed: every rank returned from pynccl all_reduce #4 (its kernel never completes) and waits for the GPU."""
-    res, v, run, _ = serve(tmp_path, "--fault", "enqueued-ar", "--fault-step", "4")
+    res, v, run, _ = scenario(served, "enqueued-ar")
     assert res.returncode == 3, res.stderr[-3000:]
     assert "profile sglang" in res.stderr and "picked from the command" in res.stderr
     assert (v["status"], v["kind"], v["culprit_ranks"], v["waiting_ranks"]) == ("hang", "stuck_in_collective", [],
@@ -64,8 +103,8 @@ def test_all_ranks_stall_after_an_enqueued_pynccl_all_reduce(tmp_path: Path):
     assert "Capture cuda graph begin" in next(run.glob("*/output.log")).read_text()
 
 
-def test_one_rank_stalls_in_capture(tmp_path: Path):
-    res, v, _run, _ = serve(tmp_path, "--fault", "capture-stall", "--fault-rank", "2", "--fault-bs", "4")
+def test_one_rank_stalls_in_capture(served):
+    res, v, _run, _ = scenario(served, "capture-stall")
     assert res.returncode == 3, res.stderr[-3000:]
     assert (v["kind"], v["culprit_ranks"], v["waiting_ranks"]) == ("missing_ranks", [2], [0, 1, 3])
     assert (v["operation"]["phase"], v["operation"]["phase_detail"]) == ("cuda_graph_capture", "bs=4")
@@ -73,16 +112,16 @@ def test_one_rank_stalls_in_capture(tmp_path: Path):
     assert v["ranks"]["2"]["phase_detail"] == "bs=4"
 
 
-def test_one_rank_stalls_in_graph_buffer_registration(tmp_path: Path):
-    res, v, _run, _ = serve(tmp_path, "--fault", "register-one", "--fault-rank", "3")
+def test_one_rank_stalls_in_graph_buffer_registration(served):
+    res, v, _run, _ = scenario(served, "register-one")
     assert res.returncode == 3, res.stderr[-3000:]
     assert (v["kind"], v["culprit_ranks"], v["waiting_ranks"]) == ("missing_ranks", [3], [0, 1, 2])
     assert "rank 3 is inside custom all-reduce graph-buffer registration in CustomAllreduce._get_graph_buffer_ipc_meta" \
         in v["summary"]
 
 
-def test_all_ranks_stall_in_graph_buffer_registration(tmp_path: Path):
-    res, v, _run, _ = serve(tmp_path, "--fault", "register-all")
+def test_all_ranks_stall_in_graph_buffer_registration(served):
+    res, v, _run, _ = scenario(served, "register-all")
     assert res.returncode == 3, res.stderr[-3000:]
     assert (v["kind"], v["waiting_ranks"], v["operation"]["name"]) == ("graph_capture", [0, 1, 2, 3],
                                                                       "register_graph_buffers")
@@ -90,40 +129,40 @@ def test_all_ranks_stall_in_graph_buffer_registration(tmp_path: Path):
     assert "--disable-custom-all-reduce" in v["next_steps"][0]
 
 
-def test_one_rank_stuck_in_a_host_sync_during_draft_capture(tmp_path: Path):
-    res, v, _run, _ = serve(tmp_path, "--fault", "draft-sync", "--fault-rank", "1")
+def test_one_rank_stuck_in_a_host_sync_during_draft_capture(served):
+    res, v, _run, _ = scenario(served, "draft-sync")
     assert res.returncode == 3, res.stderr[-3000:]
     assert (v["kind"], v["culprit_ranks"], v["waiting_ranks"]) == ("missing_ranks", [1], [0, 2, 3])
     assert v["ranks"]["1"]["state"] == "host_sync_wait" and v["ranks"]["1"]["innermost_open"] == "cuda_synchronize"
     assert v["operation"]["phase"] == "draft_graph_capture"
 
 
-def test_communicator_init_hang(tmp_path: Path):
-    res, v, _run, _ = serve(tmp_path, "--fault", "comm-init")
+def test_communicator_init_hang(served):
+    res, v, _run, _ = scenario(served, "comm-init")
     assert res.returncode == 3, res.stderr[-3000:]
     assert (v["kind"], v["operation"]["name"], v["waiting_ranks"]) == ("init_hang", "ncclCommInitRank", [0, 1, 2, 3])
     assert "NCCL communicator init" in v["summary"] and "not the application" in v["summary"]
 
 
-def test_a_rank_that_died(tmp_path: Path):
-    res, v, _run, _ = serve(tmp_path, "--fault", "die", "--fault-rank", "2", hang_after="30")
+def test_a_rank_that_died(served):
+    res, v, _run, _ = scenario(served, "die")
     assert res.returncode == 1, res.stderr[-3000:]  # the server's own status: it saw its scheduler die
     assert (v["status"], v["kind"], v["culprit_ranks"]) == ("crashed", "rank_exited", [2])
     assert "Rank 2 scheduler is dead" in res.stdout
 
 
-def test_a_rank_parked_before_any_collective_is_reported_after_hang_after(tmp_path: Path):
+def test_a_rank_parked_before_any_collective_is_reported_after_hang_after(served):
     """Rank 3 never reaches torch.distributed; the others wait in init_process_group: a known wait with no
     progress gets its verdict after --hang-after, not after the 600 s start-up window."""
-    res, v, _run, elapsed = serve(tmp_path, "--fault", "nojoin", "--fault-rank", "3")
+    res, v, _run, elapsed = scenario(served, "nojoin")
     assert res.returncode == 3, res.stderr[-3000:]
     assert (v["kind"], v["culprit_ranks"], v["waiting_ranks"]) == ("init_hang", [3], [0, 1, 2])
     assert elapsed < 120
 
 
-def test_a_healthy_start_up_with_a_30_s_jit_build_is_not_a_hang(tmp_path: Path):
+def test_a_healthy_start_up_with_a_30_s_jit_build_is_not_a_hang(served):
     """A JIT build in a child process (CPU-busy, no ring of its own) while the rank waits for it is progress."""
-    res, v, run, _ = serve(tmp_path, "--jit-seconds", "30", timeout=300)
+    res, v, run, _ = scenario(served, "jit")
     assert res.returncode == 0, res.stderr[-3000:]
     assert "silent" not in res.stderr and "--on-hang kill" not in res.stderr
     assert (v["status"], v["kind"]) == ("completed", "no_hang")

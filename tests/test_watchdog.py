@@ -11,13 +11,52 @@ import re
 import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import pytest
 
 from tests.helpers import EXAMPLE, PY, REPO, TRACE, run_trace, trace_env
 
 
 def job(fault: str, *extra: str) -> list[str]:
     return ["--", PY, str(EXAMPLE), "--world", "4", "--steps", "6", "--fault", fault, "--timeout", "300", *extra]
+
+
+# Jobs that only run and are then read: once, up front, two at a time (most of each is a wait); each test reads its
+# own. The ones that time themselves or act while the job runs stay on their own below.
+WATCHED: dict[str, tuple[list[str], dict[str, str]]] = {
+    "nopyspy": (["--hang-after", "4", "--on-hang", "kill"] + job("skip", "--hang-seconds", "300"),
+                {"RANKTRACE_PYSPY": "0"}),
+    "nojoin": (["--hang-after", "4", "--startup-hang-after", "6", "--on-hang", "kill"]
+               + job("nojoin", "--hang-seconds", "300"), {}),
+    "compute": (["--hang-after", "4", "--on-hang", "kill"] + job("compute", "--hang-seconds", "9"), {}),  # 2x, and more
+    "slowload": (["--hang-after", "3", "--startup-hang-after", "40", "--on-hang", "kill"]
+                 + job("slowload", "--hang-seconds", "8"), {}),
+}
+
+
+@pytest.fixture(scope="module")
+def watched(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
+    base = tmp_path_factory.mktemp("watched")
+
+    def one(name: str) -> tuple[str, tuple]:
+        args, env = WATCHED[name]
+        run = base / name / "r"
+        try:
+            return name, (run, run_trace(["run", "-o", str(run)] + args, env=trace_env(**env)))
+        except Exception as e:  # raised in the test that reads this run, not in all of them
+            return name, (run, e)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(one, WATCHED))
+
+
+def ran(watched: dict[str, tuple], name: str) -> tuple:
+    run, res = watched[name]
+    if isinstance(res, BaseException):
+        raise res
+    return run, res
 
 
 def test_skip_is_caught_live_killed_and_explained(tmp_path: Path):
@@ -103,12 +142,10 @@ def test_snapshot_of_a_hung_run_before_the_watchdog_would_report(tmp_path: Path)
     assert res.returncode == 2 and "no live traced job here" in res.stderr
 
 
-def test_without_py_spy_the_in_rank_agents_give_stacks_and_flight_recorder(tmp_path: Path):
+def test_without_py_spy_the_in_rank_agents_give_stacks_and_flight_recorder(watched):
     """Where ptrace is denied (RANKTRACE_PYSPY=0 stands in for it: py-spy is never run), each rank answers the
     burst itself: its Python stacks and its Flight Recorder."""
-    run = tmp_path / "r"
-    res = run_trace(["run", "-o", str(run), "--hang-after", "4", "--on-hang", "kill"]
-                    + job("skip", "--hang-seconds", "300"), env=trace_env(RANKTRACE_PYSPY="0"))
+    run, res = ran(watched, "nopyspy")
     assert res.returncode == 3, res.stderr[-2000:]
     assert "py-spy not found or turned off" in res.stderr
     burst = next(run.glob("*/dumps/*/"))
@@ -131,29 +168,23 @@ def test_without_py_spy_the_in_rank_agents_give_stacks_and_flight_recorder(tmp_p
     assert sampled >= {0, 1, 2, 3}
 
 
-def test_rank_that_never_joins_is_an_init_hang(tmp_path: Path):
-    run = tmp_path / "r"
-    res = run_trace(["run", "-o", str(run), "--hang-after", "4", "--startup-hang-after", "6", "--on-hang", "kill"]
-                    + job("nojoin", "--hang-seconds", "300"))
+def test_rank_that_never_joins_is_an_init_hang(watched):
+    run, res = ran(watched, "nojoin")
     assert res.returncode == 3
     v = json.loads((run / "verdict.json").read_text())
     assert (v["kind"], v["culprit_ranks"], v["waiting_ranks"]) == ("init_hang", [3], [0, 1, 2])
 
 
-def test_long_compute_without_collectives_is_not_a_hang(tmp_path: Path):
-    run = tmp_path / "r"
-    res = run_trace(["run", "-o", str(run), "--hang-after", "4", "--on-hang", "kill"]
-                    + job("compute", "--hang-seconds", "9"))   # twice --hang-after, and more
+def test_long_compute_without_collectives_is_not_a_hang(watched):
+    run, res = ran(watched, "compute")
     assert res.returncode == 0, res.stderr[-2000:]
     assert "silent" not in res.stderr
     v = json.loads((run / "verdict.json").read_text())
     assert (v["status"], v["kind"]) == ("completed", "no_hang")
 
 
-def test_long_weight_load_before_the_first_collective_is_not_a_hang(tmp_path: Path):
-    run = tmp_path / "r"
-    res = run_trace(["run", "-o", str(run), "--hang-after", "3", "--startup-hang-after", "40", "--on-hang", "kill"]
-                    + job("slowload", "--hang-seconds", "8"))
+def test_long_weight_load_before_the_first_collective_is_not_a_hang(watched):
+    run, res = ran(watched, "slowload")
     assert res.returncode == 0, res.stderr[-2000:]
     assert "silent" not in res.stderr
 
