@@ -14,7 +14,8 @@ from pathlib import Path
 
 from ranktrace.analyzers.readers.base import ReaderError, Skipped
 from ranktrace.analyzers.readers.common.ranks import rank_from_name
-from ranktrace.analyzers.readers.text.prefixes import SRUN_PREFIX, LinePrefix, split_prefixes, strip_ansi
+from ranktrace.analyzers.readers.text.prefixes import (SRUN_PREFIX, LinePrefix, split_prefixes, strip_ansi,
+                                                       strip_collector)
 
 __all__ = ["Line", "TextDoc", "open_text", "text_of_bytes", "canonical_prefix", "MAX_TEXT_BYTES", "MAX_LINE_CHARS"]
 
@@ -30,7 +31,8 @@ class Line:
     no: int                # 1-based line number in the file (a joined wrapped line keeps its first line's)
     text: str              # the message: ANSI codes and launcher prefixes removed
     prefix: LinePrefix     # who wrote it, as far as the prefixes say
-    raw: str = ""          # the whole line, prefixes kept (ANSI codes removed), for parsers of their own prefixes
+    raw: str = ""          # the line as the job printed it, for parsers of their own prefixes (ANSI codes, a
+    #                        quote and a log collector's stamp or pod prefix removed: those came after the job)
 
     @property
     def rank(self) -> int | None:
@@ -124,7 +126,9 @@ def text_of_bytes(name: str, data: bytes, notes: list[Skipped] | None = None) ->
             if "\r" in raw:
                 raw = raw[raw.rindex("\r") + 1:] or raw
         lines.append(strip_ansi(raw))
+    lines = _unquoted(lines)
     srun = _srun_prefixed(lines)
+    srun_ranks = not srun or _srun_tasks(lines) > 1
     joined = _unwrap(lines)
     split: list[tuple[int, LinePrefix, str, str]] = []
     for i, s in enumerate(joined):
@@ -133,8 +137,9 @@ def text_of_bytes(name: str, data: bytes, notes: list[Skipped] | None = None) ->
         pieces = _unglue_srun(s)
         for k, piece in enumerate(pieces or _unglue(s)):
             prefix, rest = split_prefixes(
-                piece, srun=srun or (pieces is not None and (k > 0 or SRUN_PREFIX.match(piece) is not None)))
-            split.append((i + 1, prefix, rest, piece))
+                piece, srun=srun or (pieces is not None and (k > 0 or SRUN_PREFIX.match(piece) is not None)),
+                srun_ranks=srun_ranks)
+            split.append((i + 1, prefix, rest, strip_collector(piece)))
     out = [Line(no, rest, prefix if prefix != _NO_PREFIX else _NO_PREFIX, s)
            for no, prefix, rest, s in _join_soft_wraps(split, lines)]
     return TextDoc(name, out, rank_from_name(os.path.basename(name)), notes, srun)
@@ -250,13 +255,39 @@ def _gunzip(path: Path, f, notes: list[Skipped]) -> bytes:
     return bytes(out)
 
 
+_QUOTED = re.compile(r"(?:>[ \t]?)+")
+
+
+def _unquoted(lines: list[str]) -> list[str]:
+    """A file quoted whole (``> `` in front of most lines: an e-mail reply, a Markdown quote in a ticket): the
+    markers come off first, so a line a terminal wrapped inside the quote is joined as it would be outside it.
+    (split_prefixes peels a quote off a single line too.)"""
+    body = [s for s in lines if s.strip()]
+    if not body or sum(1 for s in body if s.startswith(">")) < 0.6 * len(body):
+        return lines
+    return [_QUOTED.sub("", s, count=1) if s.startswith(">") else s for s in lines]
+
+
 def _srun_prefixed(lines: list[str]) -> bool:
     """Most lines start with ``N: `` (srun -l, pdsh): those are task prefixes, not message text."""
     body = [s for s in lines if s.strip()]
     if len(body) < 3:
         return False
-    hits = sum(1 for s in body if SRUN_PREFIX.match(s))
+    hits = sum(1 for s in body if SRUN_PREFIX.match(strip_collector(s)))  # a collector stamps in front of srun
     return hits >= 0.6 * len(body)
+
+
+def _srun_tasks(lines: list[str]) -> int:
+    """How many distinct srun task numbers the lines carry (one: a single task wrote the file, its number is no
+    rank)."""
+    tasks = set()
+    for s in lines:
+        m = SRUN_PREFIX.match(strip_collector(s))
+        if m:
+            tasks.add(m.group(1))
+            if len(tasks) > 1:
+                break
+    return len(tasks)
 
 
 def _unwrap(lines: list[str]) -> list[str | None]:

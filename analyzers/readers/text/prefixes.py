@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["LinePrefix", "split_prefixes", "strip_ansi", "SRUN_PREFIX"]
+__all__ = ["LinePrefix", "split_prefixes", "strip_ansi", "strip_collector", "SRUN_PREFIX"]
 
 # ESC-less leftovers of colour codes are common in pastes ("[36m(RayWorkerWrapper pid=1)"): only when followed by
 # text, and only the SGR form (digits and ';' ending in m), so "[12m]" in a message is not eaten.
@@ -23,12 +23,22 @@ SRUN_PREFIX = re.compile(r"[ \t]{0,4}(\d{1,6}): ")
 _WORKER = re.compile(  # (VllmWorker rank=2 pid=51) (RayWorkerWrapper pid=4009, ip=10.0.0.1) (VllmWorker TP1 pid=9)
     r"\((?P<tag>[A-Za-z_][\w.-]{0,60}?)(?: (?:rank=(?P<rank>\d{1,6})|TP(?P<tp>\d{1,4})|[A-Za-z_]+=?\d{1,6}))*"
     r" pid=(?P<pid>\d{1,9})(?:, ip=(?P<ip>[0-9A-Fa-f.:]{3,45}))?\)[ \t]?")
+#: kubectl logs --prefix: ``[pod/trainer-worker-3/pytorch] `` (pod, container); the pod is the host it ran on
+_KUBECTL = re.compile(r"\[pod/(?P<pod>[\w.-]{1,253})/[\w.-]{1,63}\] ")
 _HOST_STREAM = re.compile(r"(?P<host>[\w.-]{1,128}) \[std(?:out|err)\]:? ")
 _COMPOSE = re.compile(r"(?P<svc>[\w.-]{1,64}?)(?:[-_]\d{1,4})? {1,16}\| ")
 #: vLLM's logger: ``ERROR 05-08 19:06:38 [multiproc_executor.py:962] `` (older: ``INFO 09-03 02:15:41 utils.py:965] ``);
 #: it logs a worker's traceback one line at a time behind this prefix
 _PYLOG = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,6})? "
                     r"\[?[\w./-]{1,120}:\d{1,6}\] ?")
+#: a log collector's or Python logging's own stamp in front of the line: ``2024-05-01 12:00:00,123 INFO ``,
+#: ``2024-05-01T12:00:00.123456789Z `` (kubectl logs --timestamps, docker logs -t), ``2024-05-01 12:00:00,123 - root -
+#: WARNING - ``. Bare only: a bracketed ``[2024-05-01 12:00:00]`` is NCCL's or SGLang's own and theirs to read. One
+#: space after it is the separator; the indentation behind it belongs to the message (a py-spy frame, a traceback).
+_LOGSTAMP = re.compile(
+    r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?"
+    r"(?:(?: -)? (?:\[?(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL|TRACE|NOTICE)\]?"
+    r"|[\w.]{1,60} - (?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL))(?: -|:)?)? ")
 _VLLM_PROC = re.compile(r"\((?P<tag>[A-Za-z_][\w.-]{0,60}?) pid=(?P<pid>\d{1,9})\)[ \t]?")
 
 
@@ -44,15 +54,28 @@ class LinePrefix:
     tp_rank: int | None = None       # (VllmWorker TP1 pid=..): a rank inside the TP group
 
 
+def strip_collector(line: str) -> str:
+    """`line` without what a log collector put in front of it (a time stamp, kubectl's ``[pod/../..] ``), in either
+    order: what the job itself printed starts after it (an srun task prefix, say)."""
+    for _ in range(2):
+        m = _LOGSTAMP.match(line) if line[:1].isdigit() else _KUBECTL.match(line) if line[:5] == "[pod/" else None
+        if m is None:
+            break
+        line = line[m.end():]
+    return line
+
+
 def strip_ansi(line: str) -> str:
     return _ANSI.sub("", line) if ("\x1b" in line or "m" in line) else line
 
 
-def split_prefixes(line: str, srun: bool = False) -> tuple[LinePrefix, str]:
+def split_prefixes(line: str, srun: bool = False, srun_ranks: bool = True) -> tuple[LinePrefix, str]:
     """Peel every known prefix off `line` (ANSI codes already removed). Returns (prefix facts, message).
 
     ``srun`` says the file's lines carry ``N: `` task prefixes (decided once per file, since ``1: `` may also
-    start a message). The innermost rank prefix wins: ``0: [rank3]:`` is rank 3 (task 0 runs torchrun).
+    start a message); ``srun_ranks`` whether those name ranks (not when one task wrote the whole file: a launcher
+    on a node, its ranks' lines all behind the same ``0: ``). The innermost rank prefix wins: ``0: [rank3]:`` is
+    rank 3 (task 0 runs torchrun).
 
     >>> split_prefixes("> [rank3]:[E ProcessGroupNCCL.cpp:1] x")[0].rank
     3
@@ -62,8 +85,10 @@ def split_prefixes(line: str, srun: bool = False) -> tuple[LinePrefix, str]:
     5
 
     Real files are pasted from terminals, Slurm outputs, Ray dashboards and tickets; every layer adds its own prefix
-    (``> `` quote, ``[80746]`` line numbers, ``3: `` srun -l, ``[rank3]:`` torchrun, ``[1,3]<stdout>:`` mpirun,
+    (``> `` quote, ``[80746]`` line numbers, a collector's ``2024-05-01 12:00:00,123 INFO `` stamp, ``3: `` srun -l,
+    ``[rank3]:`` torchrun, ``[1,3]<stdout>:`` mpirun,
     ``(VllmWorker rank=2 pid=51)`` vLLM, ``(RayWorkerWrapper pid=4009, ip=10.0.0.1)`` Ray, ``host [stderr] ``,
+    ``[pod/trainer-0/main] `` kubectl logs --prefix,
     ``service_1  | `` docker compose, ``E   `` pytest). Each family's parser then reads the same message text, and the
     rank comes from the innermost prefix that names one. All patterns are anchored and bounded: linear in the line.
     """
@@ -81,10 +106,10 @@ def split_prefixes(line: str, srun: bool = False) -> tuple[LinePrefix, str]:
         m = _PYTEST.match(rest)
         if m:
             rest = rest[m.end():]
-        if srun:
+        if srun and srun_rank is None:  # the outermost one only: `6: [...]` behind it is the message's own
             m = SRUN_PREFIX.match(rest)
             if m:
-                srun_rank = int(m.group(1)) if srun_rank is None else srun_rank
+                srun_rank = int(m.group(1))
                 rest = rest[m.end():]
         m = _TORCHRUN.match(rest)
         if m:
@@ -113,6 +138,11 @@ def split_prefixes(line: str, srun: bool = False) -> tuple[LinePrefix, str]:
                     tp = int(m.group("tp"))
                 rest = rest[m.end():]
                 continue
+        m = _KUBECTL.match(rest) if rest[:5] == "[pod/" else None
+        if m:
+            host = m.group("pod")
+            rest = rest[m.end():]
+            continue
         m = _HOST_STREAM.match(rest)
         if m:
             host = m.group("host")
@@ -122,6 +152,11 @@ def split_prefixes(line: str, srun: bool = False) -> tuple[LinePrefix, str]:
         if m:
             rest = rest[m.end():]
             continue
+        if rest[:1].isdigit():
+            m = _LOGSTAMP.match(rest)
+            if m and m.end() < len(rest):
+                rest = rest[m.end():]
+                continue
         m = _COMPOSE.match(rest)
         if m and not rest[:m.end()].strip().isdigit():
             tag = tag or m.group("svc")
@@ -129,6 +164,6 @@ def split_prefixes(line: str, srun: bool = False) -> tuple[LinePrefix, str]:
             continue
         if rest == before:
             break
-    if rank is None and local is None:
+    if rank is None and local is None and srun_ranks:
         rank = srun_rank  # `0: [default3]:`: the task runs a launcher (a node), its index is no rank
     return LinePrefix(rank, local, pid, host, tag, tp), rest
