@@ -1,6 +1,7 @@
 """The same evidence, posted the ways people's tools post it: a file keeps its verdict whether it comes quoted in an
-e-mail or a ticket (``> ``), behind a log collector's time stamp (``2024-05-01 12:00:00,123 INFO ``, kubectl's
-``--timestamps``), behind ``kubectl logs --prefix`` (``[pod/trainer-0/main] ``), or from one srun task (``0: `` in
+e-mail or a ticket (``> ``), indented as a Markdown code block, behind a log collector's time stamp
+(``2024-05-01 12:00:00,123 INFO ``, kubectl's ``--timestamps``), behind ``kubectl logs --prefix``
+(``[pod/trainer-0/main] ``) or journald's ``May 01 12:00:00 node python[42]: ``, or from one srun task (``0: `` in
 front of every line of a node's launcher, which names no rank).
 
 Real cases of the field corpus (tests/field), each one whose verdict the files alone give, one per family, are
@@ -36,6 +37,8 @@ STYLES: dict[str, Callable[[str], str]] = {
     "python logging": _each_line(lambda i: f"2024-05-01 12:00:{i % 60:02d},123 INFO "),
     "kubectl --timestamps": _each_line(lambda i: f"2024-05-01T12:00:{i % 60:02d}.123456789Z "),
     "kubectl --prefix": _each_line(lambda i: "[pod/trainer-0/pytorch] "),
+    "journald": _each_line(lambda i: f"May 01 12:00:{i % 60:02d} gpu-node-3 python[4242]: "),
+    "markdown code block": _each_line(lambda i: "    "),
 }
 
 
@@ -78,7 +81,14 @@ def test_one_srun_task_in_front_of_every_line_names_no_rank():
     # a bracketed stamp is the message's own (NCCL_DEBUG_TIMESTAMP_FORMAT, SGLang): kept for its reader
     ("[2024-05-01 12:00:00] node1:12:34 [0] NCCL INFO x", None, "[2024-05-01 12:00:00] node1:12:34 [0] NCCL INFO x"),
     ("2024-05-01 12:00:00", None, "2024-05-01 12:00:00"),  # a stamp alone is no prefix of anything
+    ("May 01 12:00:00 gpu-node-3 python[4242]: [rank2]:[E ProcessGroupNCCL.cpp:1] x", 2,
+     "[E ProcessGroupNCCL.cpp:1] x"),
 ])
 def test_collector_prefixes_come_off_and_the_message_indentation_stays(line: str, rank: int | None, message: str):
     prefix, rest = split_prefixes(line)
     assert (prefix.rank, rest) == (rank, message)
+
+
+def test_journald_names_the_host_and_the_process():
+    prefix, _ = split_prefixes("May 01 12:00:00 gpu-node-3 python[4242]: hello")
+    assert (prefix.host, prefix.pid) == ("gpu-node-3", 4242)

@@ -126,7 +126,7 @@ def text_of_bytes(name: str, data: bytes, notes: list[Skipped] | None = None) ->
             if "\r" in raw:
                 raw = raw[raw.rindex("\r") + 1:] or raw
         lines.append(strip_ansi(raw))
-    lines = _unquoted(lines)
+    lines = _dedented(_unquoted(lines))
     srun = _srun_prefixed(lines)
     srun_ranks = not srun or _srun_tasks(lines) > 1
     joined = _unwrap(lines)
@@ -266,6 +266,19 @@ def _unquoted(lines: list[str]) -> list[str]:
     if not body or sum(1 for s in body if s.startswith(">")) < 0.6 * len(body):
         return lines
     return [_QUOTED.sub("", s, count=1) if s.startswith(">") else s for s in lines]
+
+
+def _dedented(lines: list[str]) -> list[str]:
+    """A file indented whole by 4 or more spaces (a Markdown code block, a quoted reply): that common indentation
+    comes off, so a record that starts a line (``Thread 0x...``, ``Traceback``) starts it again; what is indented
+    inside the block stays indented."""
+    body = [s for s in lines if s.strip()]
+    if not body or not body[0].startswith("    "):
+        return lines
+    common = min(len(s) - len(s.lstrip(" ")) for s in body)
+    if common < 4:
+        return lines
+    return [s[common:] if s.strip() else s for s in lines]
 
 
 def _srun_prefixed(lines: list[str]) -> bool:

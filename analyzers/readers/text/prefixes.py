@@ -23,6 +23,11 @@ SRUN_PREFIX = re.compile(r"[ \t]{0,4}(\d{1,6}): ")
 _WORKER = re.compile(  # (VllmWorker rank=2 pid=51) (RayWorkerWrapper pid=4009, ip=10.0.0.1) (VllmWorker TP1 pid=9)
     r"\((?P<tag>[A-Za-z_][\w.-]{0,60}?)(?: (?:rank=(?P<rank>\d{1,6})|TP(?P<tp>\d{1,4})|[A-Za-z_]+=?\d{1,6}))*"
     r" pid=(?P<pid>\d{1,9})(?:, ip=(?P<ip>[0-9A-Fa-f.:]{3,45}))?\)[ \t]?")
+#: journald / syslog: ``May 01 12:00:00 gpu-node-3 python[4242]: `` (host, program, pid); moreutils' ``ts``:
+#: ``May 01 12:00:00 ``
+_MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ \d]\d \d\d:\d\d:\d\d(?:\.\d{1,6})? "
+_SYSLOG = re.compile(_MONTH + r"(?P<host>[\w.-]{1,64}) [\w./@-]{1,64}?(?:\[(?P<pid>\d{1,9})\])?: ")
+_TS = re.compile(_MONTH)
 #: kubectl logs --prefix: ``[pod/trainer-worker-3/pytorch] `` (pod, container); the pod is the host it ran on
 _KUBECTL = re.compile(r"\[pod/(?P<pod>[\w.-]{1,253})/[\w.-]{1,63}\] ")
 _HOST_STREAM = re.compile(r"(?P<host>[\w.-]{1,128}) \[std(?:out|err)\]:? ")
@@ -58,7 +63,14 @@ def strip_collector(line: str) -> str:
     """`line` without what a log collector put in front of it (a time stamp, kubectl's ``[pod/../..] ``), in either
     order: what the job itself printed starts after it (an srun task prefix, say)."""
     for _ in range(2):
-        m = _LOGSTAMP.match(line) if line[:1].isdigit() else _KUBECTL.match(line) if line[:5] == "[pod/" else None
+        if line[:1].isdigit():
+            m = _LOGSTAMP.match(line)
+        elif line[:5] == "[pod/":
+            m = _KUBECTL.match(line)
+        elif line[:1].isupper() and line[3:4] == " ":
+            m = _SYSLOG.match(line) or _TS.match(line)
+        else:
+            m = None
         if m is None:
             break
         line = line[m.end():]
@@ -85,7 +97,8 @@ def split_prefixes(line: str, srun: bool = False, srun_ranks: bool = True) -> tu
     5
 
     Real files are pasted from terminals, Slurm outputs, Ray dashboards and tickets; every layer adds its own prefix
-    (``> `` quote, ``[80746]`` line numbers, a collector's ``2024-05-01 12:00:00,123 INFO `` stamp, ``3: `` srun -l,
+    (``> `` quote, ``[80746]`` line numbers, a collector's ``2024-05-01 12:00:00,123 INFO `` stamp, journald's
+    ``May 01 12:00:00 node3 python[42]: ``, ``3: `` srun -l,
     ``[rank3]:`` torchrun, ``[1,3]<stdout>:`` mpirun,
     ``(VllmWorker rank=2 pid=51)`` vLLM, ``(RayWorkerWrapper pid=4009, ip=10.0.0.1)`` Ray, ``host [stderr] ``,
     ``[pod/trainer-0/main] `` kubectl logs --prefix,
@@ -154,6 +167,17 @@ def split_prefixes(line: str, srun: bool = False, srun_ranks: bool = True) -> tu
             continue
         if rest[:1].isdigit():
             m = _LOGSTAMP.match(rest)
+            if m and m.end() < len(rest):
+                rest = rest[m.end():]
+                continue
+        elif rest[:1].isupper() and rest[3:4] == " ":
+            m = _SYSLOG.match(rest)
+            if m:
+                host = m.group("host")
+                pid = int(m.group("pid")) if m.group("pid") else pid
+                rest = rest[m.end():]
+                continue
+            m = _TS.match(rest)
             if m and m.end() < len(rest):
                 rest = rest[m.end():]
                 continue
