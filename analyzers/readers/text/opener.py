@@ -350,4 +350,9 @@ def _continues(prev: str, nxt: str, first: str) -> bool:
         return True
     if c == " ":
         return nxt[1:2] not in ("", " ", "\t")
+    if c.isupper() and _LEVEL.match(nxt):  # ``...closing signal SIGTERM`` then ``ERROR:torch...``: a new record
+        return False
     return (c.isdigit() and last.isdigit()) or (c.isupper() and last.isupper())
+
+
+_LEVEL = re.compile(r"(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL|TRACE|NOTICE)\b")
