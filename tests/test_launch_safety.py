@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -111,8 +112,9 @@ def test_a_signal_reaches_the_job_exactly_once_as_without_ranktrace(tmp_path: Pa
     """broadcast: a scheduler sent SIGTERM to every process, and trace run forwarded it to the whole job group
     again: each process got two, and the second aborted the graceful shutdown. term / usr1: `kill <trace run>` is
     `kill <the started process>` (USR1 to the group killed the child too, which plain USR1 to the job spares)."""
-    plain, plain_rc = _signal_run(tmp_path / "p", False, how)
-    traced, traced_rc = _signal_run(tmp_path / "t", True, how)
+    with ThreadPoolExecutor(max_workers=2) as pool:   # side by side: each mostly waits out its job's own loop
+        runs = [pool.submit(_signal_run, tmp_path / d, traced, how) for d, traced in (("p", False), ("t", True))]
+        (plain, plain_rc), (traced, traced_rc) = (r.result() for r in runs)
     assert traced == plain, (how, plain, traced)
     assert traced_rc == (128 - plain_rc if plain_rc < 0 else plain_rc), (traced_rc, plain_rc)
     if how == "broadcast":
