@@ -63,7 +63,8 @@ class JobStatus:
     killed_on_hang: bool = False  # ranktrace's --on-hang kill ended it: the job was hung, not crashed
     interrupted_ns: int | None = None   # wall clock of the SIGINT trace run forwarded (a Ctrl-C): its own outcome
     lost_ns: int | None = None          # trace run was lost (killed) then and its guardian ended the job
-    stopped_ns: int | None = None       # wall clock of the first INT/TERM/HUP/QUIT trace run forwarded to the job
+    stopped_ns: int | None = None       # wall clock of the first INT/TERM/HUP/QUIT trace run forwarded to the job,
+    #                                     less diagnose.context.STOP_SLACK_NS (the signal may have come earlier)
 
     @property
     def interrupted(self) -> bool:

@@ -8,6 +8,7 @@ Each style rewrites every text file of a case (binary files are copied as they a
 * ``stamp`` (Python logging's ``2024-05-01 12:00:00,123 INFO ``), ``k8s`` (``kubectl logs --prefix``),
   ``journald`` (``May 01 12:00:00 node python[42]: ``), ``ts`` (moreutils' ``May 01 12:00:00 ``),
   ``srun`` (one ``0: `` task in front of everything), ``compose`` (``trainer-1  | ``);
+* ``terminal`` (copied out of tmux: lines cut at 150 columns and padded with spaces to them);
 * ``cut`` (the first and last two lines gone), ``tail`` (the last 20 lines only).
 
 A style that prefixes every physical line also prefixes the second half of a line a terminal wrapped, which a real
@@ -36,6 +37,15 @@ def _each(prefix: Callable[[int], str]) -> Callable[[str], str]:
     return lambda t: "\n".join(prefix(i) + ln if ln.strip() else ln for i, ln in enumerate(t.split("\n")))
 
 
+def _terminal(t: str, width: int = 150) -> str:
+    """Copied out of tmux / screen: every line cut at the terminal's width and padded with spaces to it."""
+    out = []
+    for ln in t.split("\n"):
+        parts = [ln[i:i + width] for i in range(0, len(ln), width)] or [""]
+        out += [p.ljust(width) for p in parts]
+    return "\n".join(out)
+
+
 def _cut(t: str) -> str:
     lines = t.split("\n")
     return "\n".join(lines[2:-2]) if len(lines) > 12 else t
@@ -54,6 +64,7 @@ STYLES: dict[str, Callable[[str], str]] = {
     "ts": _each(lambda i: f"Dec 01 12:00:{i % 60:02d} "),
     "srun": lambda t: "\n".join("0: " + ln for ln in t.split("\n")),
     "compose": lambda t: "\n".join("trainer-1  | " + ln for ln in t.split("\n")),
+    "terminal": _terminal,
     "cut": _cut,
     "tail": lambda t: "\n".join(t.rstrip("\n").split("\n")[-20:]) + "\n",
 }

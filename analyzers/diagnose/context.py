@@ -178,8 +178,9 @@ def _job_status(inputs: Inputs, liveness: Liveness | None) -> JobStatus:
     lost = [(h.meta or {}).get("launcher_lost") for h in inputs.hosts if not h.ended]
     lost_ns = min((x.get("wall_ns") or 0 for x in lost if isinstance(x, dict)), default=None)
     stopped = min((c["stopped_wall_ns"] for c in codes if isinstance(c.get("stopped_wall_ns"), int)), default=None)
+    stop = stopped if stopped is not None else interrupted
     return JobStatus(True, ended, exit_code, sig, tuple(live), known, killed, interrupted, lost_ns,
-                     stopped if stopped is not None else interrupted)
+                     None if stop is None else stop - STOP_SLACK_NS)
 
 
 def _group_ranks(events: pa.Table) -> dict[str, tuple[int, ...]]:
@@ -356,6 +357,12 @@ def _current_stacks(stacks: pa.Table, events: pa.Table) -> pa.Table:
 
 
 _EXIT_CODE = re.compile(r"exit code (-?\d+)|os\._exit\((?:status=)?(-?\d+)")
+
+
+#: how long before trace run's own record of a stop the signal may already have reached the job. A scheduler's or a
+#: terminal's signal reaches every process at once, and trace run stamps it when its Python handler runs, after
+#: its main thread gets back to Python: a rank's exit mark 6 ms "before the stop" was the stop's doing.
+STOP_SLACK_NS = 2_000_000_000
 
 
 def _exits_after(events: pa.Table, stop_ns: int | None) -> frozenset[int]:
