@@ -19,7 +19,7 @@ from ranktrace.analyzers import archives, hostdir, schema
 from ranktrace.analyzers.model import HostRun
 from ranktrace.analyzers.readers.base import ReaderError, ReadResult, Skipped
 
-__all__ = ["Inputs", "InputError", "InputRead", "collect", "STRUCTURED", "HostRun"]
+__all__ = ["Inputs", "InputError", "InputRead", "collect", "readable_host_dirs", "STRUCTURED", "HostRun"]
 
 # Structured formats (binary, JSON, SQLite) are recognised by their first bytes and read whole, by one reader. Every
 # other input is text: opened once by the shared opener and read by each family whose signatures it holds
@@ -106,7 +106,7 @@ def collect(paths: list[Path], *, extra: frozenset[tuple[str, int]] = frozenset(
     hosts: list[HostRun] = []
     files: list[Path] = []
     if rows is None:
-        rows = hostdir.rows_per_rank([hd for p in paths for hd in _readable_host_dirs(p)])
+        rows = hostdir.rows_per_rank([hd for p in paths for hd in readable_host_dirs(p)])
     window = hostdir.Window(rows, extra, labels)
     for p in paths:
         try:
@@ -169,7 +169,7 @@ def collect(paths: list[Path], *, extra: frozenset[tuple[str, int]] = frozenset(
     return inputs
 
 
-def _readable_host_dirs(p: Path) -> list[Path]:
+def readable_host_dirs(p: Path) -> list[Path]:
     """The host dirs at or under `p`; none where `p` is no folder or cannot be read (the walk says why)."""
     try:
         return _host_dirs(p) if _isdir(p) else []

@@ -18,7 +18,7 @@ import pyarrow.ipc as ipc
 
 from ranktrace.analyzers import facade
 from ranktrace.analyzers.model import Analysis, Liveness
-from ranktrace.analyzers.sources import _readable_host_dirs
+from ranktrace.analyzers.sources import readable_host_dirs
 
 __all__ = ["RunTables", "run_tables", "decoded", "codes", "is_in"]
 
@@ -55,7 +55,7 @@ def run_tables(an: Analysis, path: Path, *, liveness: Liveness | None) -> RunTab
 def _own_tables(path: Path) -> RunTables | None:
     """Every record of a finalized run from its events.arrow files (None when a host dir has none, or it is not
     ours: the caller then analyses the run whole)."""
-    hds = _readable_host_dirs(path)
+    hds = readable_host_dirs(path)
     if not hds:
         return None
     parts = []
