@@ -99,8 +99,19 @@ def test_whole_sequences_read_from_events_arrow_equal_a_whole_analysis(runs, tmp
     got, want = seqs(fast), seqs(whole.RunTables(slow.events, slow.ops, "analysis"))
     assert got == want and sorted(got) == [0, 1] and min(len(v) for v in got.values()) >= 4
 
-    live = tmp_path / "live"
+    # what the run dir holds besides our records (an NCCL debug log where NCCL_DEBUG_FILE puts it) stays beside them
     import shutil
+    mixed = tmp_path / "mixed"
+    shutil.copytree(run, mixed)
+    nccl_dir = next(mixed.glob("*/meta.json")).parent / "nccl"
+    nccl_dir.mkdir(exist_ok=True)
+    shutil.copy(REPO / "tests" / "data" / "readers" / "nccl" / "prefixes.log", nccl_dir / "node.1.log")
+    an_mixed = facade.analyze([mixed], liveness=None)
+    both = whole.run_tables(an_mixed, mixed, liveness=None)
+    assert both.how == "events.arrow" and sequences.op_sources(both).keys() == {"events", "nccl"}
+    assert seqs(both) == want and sequences.op_sequences(both, "nccl").table.num_rows == 8
+
+    live = tmp_path / "live"
     shutil.copytree(run, live)
     for ev in live.glob("*/events.arrow"):
         ev.unlink()

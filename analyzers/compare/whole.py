@@ -136,9 +136,7 @@ def _like(target: pa.Table, table: pa.Table) -> pa.Table:
         col = table[field.name] if field.name in table.column_names else pa.nulls(table.num_rows, field.type)
         if pa.types.is_dictionary(field.type) and not pa.types.is_dictionary(col.type):
             col = pc.dictionary_encode(col.cast(field.type.value_type))
-            col = pa.chunked_array([c.cast(field.type) for c in col.chunks], field.type) \
-                if isinstance(col, pa.ChunkedArray) else col.cast(field.type)
-        elif col.type != field.type:
+        if col.type != field.type:
             col = col.cast(field.type)
         cols[field.name] = col
     return pa.table(cols, schema=target.schema)
