@@ -29,7 +29,7 @@ _MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ \d]\d \d\d:\d\d
 _SYSLOG = re.compile(_MONTH + r"(?P<host>[\w.-]{1,64}) [\w./@-]{1,64}?(?:\[(?P<pid>\d{1,9})\])?: ")
 _TS = re.compile(_MONTH)
 #: kubectl logs --prefix: ``[pod/trainer-worker-3/pytorch] `` (pod, container); the pod is the host it ran on
-_KUBECTL = re.compile(r"\[pod/(?P<pod>[\w.-]{1,253})/[\w.-]{1,63}\] ")
+_KUBECTL = re.compile(r"\[pod/(?P<host>[\w.-]{1,253})/[\w.-]{1,63}\] ")
 _HOST_STREAM = re.compile(r"(?P<host>[\w.-]{1,128}) \[std(?:out|err)\]:? ")
 _COMPOSE = re.compile(r"(?P<svc>[\w.-]{1,64}?)(?:[-_]\d{1,4})? {1,16}\| ")
 #: vLLM's logger: ``ERROR 05-08 19:06:38 [multiproc_executor.py:962] `` (older: ``INFO 09-03 02:15:41 utils.py:965] ``);
@@ -59,18 +59,25 @@ class LinePrefix:
     tp_rank: int | None = None       # (VllmWorker TP1 pid=..): a rank inside the TP group
 
 
+def _collector(line: str) -> "re.Match[str] | None":
+    """What a log collector put in front of `line` (a time stamp, journald's or kubectl's prefix; group ``host``,
+    and ``pid`` for journald, where it names them), when it is followed by a message."""
+    if line[:1].isdigit():
+        m = _LOGSTAMP.match(line)
+    elif line[:5] == "[pod/":
+        m = _KUBECTL.match(line)
+    elif line[:1].isupper() and line[3:4] == " ":
+        m = _SYSLOG.match(line) or _TS.match(line)
+    else:
+        return None
+    return m if m and m.end() < len(line) else None
+
+
 def strip_collector(line: str) -> str:
-    """`line` without what a log collector put in front of it (a time stamp, kubectl's ``[pod/../..] ``), in either
-    order: what the job itself printed starts after it (an srun task prefix, say)."""
+    """`line` without what a log collector put in front of it, in either order (a stamp and a pod prefix): what the
+    job itself printed starts after it (an srun task prefix, say)."""
     for _ in range(2):
-        if line[:1].isdigit():
-            m = _LOGSTAMP.match(line)
-        elif line[:5] == "[pod/":
-            m = _KUBECTL.match(line)
-        elif line[:1].isupper() and line[3:4] == " ":
-            m = _SYSLOG.match(line) or _TS.match(line)
-        else:
-            m = None
+        m = _collector(line)
         if m is None:
             break
         line = line[m.end():]
@@ -151,11 +158,6 @@ def split_prefixes(line: str, srun: bool = False, srun_ranks: bool = True) -> tu
                     tp = int(m.group("tp"))
                 rest = rest[m.end():]
                 continue
-        m = _KUBECTL.match(rest) if rest[:5] == "[pod/" else None
-        if m:
-            host = m.group("pod")
-            rest = rest[m.end():]
-            continue
         m = _HOST_STREAM.match(rest)
         if m:
             host = m.group("host")
@@ -165,22 +167,13 @@ def split_prefixes(line: str, srun: bool = False, srun_ranks: bool = True) -> tu
         if m:
             rest = rest[m.end():]
             continue
-        if rest[:1].isdigit():
-            m = _LOGSTAMP.match(rest)
-            if m and m.end() < len(rest):
-                rest = rest[m.end():]
-                continue
-        elif rest[:1].isupper() and rest[3:4] == " ":
-            m = _SYSLOG.match(rest)
-            if m:
-                host = m.group("host")
-                pid = int(m.group("pid")) if m.group("pid") else pid
-                rest = rest[m.end():]
-                continue
-            m = _TS.match(rest)
-            if m and m.end() < len(rest):
-                rest = rest[m.end():]
-                continue
+        m = _collector(rest)
+        if m:
+            found = m.groupdict()
+            host = found.get("host") or host
+            pid = int(found["pid"]) if found.get("pid") else pid
+            rest = rest[m.end():]
+            continue
         m = _COMPOSE.match(rest)
         if m and not rest[:m.end()].strip().isdigit():
             tag = tag or m.group("svc")
