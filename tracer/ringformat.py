@@ -3,7 +3,8 @@
 
 Layout (little endian)::
 
-    [0, HEADER_SIZE)              header: magic, version, pid, clock pair, region sizes, host, proctitle
+    [0, HEADER_SIZE)              header: magic, version, pid, clock pair, region sizes, host, proctitle; at
+                                  IDENT_OFFSET the writer's identity (its start time, /proc/self/stat field 22)
     [META_OFFSET, +meta_size)     non-wrapping region: records  u32 length | u32 commit | JSON bytes
                                   (identity, groups, interned strings, phases, init ops, graph captures)
     [ops_offset, +slots*SLOT)     wrapping region: fixed-size op records, slot = index % slots
@@ -19,7 +20,7 @@ import struct
 
 __all__ = [
     "MAGIC", "VERSION", "HEADER", "HEADER_SIZE", "META_OFFSET", "META_REC", "META_COMMIT", "SLOT", "SLOT_SIZE",
-    "SLOT_WORDS", "KINDS", "CATEGORIES", "FLAG_CAPTURING", "FLAG_ASYNC", "FLAG_META_FULL", "NONE_I32", "NONE_I64",
+    "SLOT_WORDS", "IDENT", "IDENT_OFFSET", "IDENT_MAGIC", "KINDS", "CATEGORIES", "FLAG_CAPTURING", "FLAG_ASYNC", "FLAG_META_FULL", "NONE_I32", "NONE_I64",
 ]
 
 MAGIC = b"RKTRING1"
@@ -27,6 +28,12 @@ VERSION = 1
 # magic, version, pid, mono0_ns, wall0_ns, meta_size, slot_size, slots, flags, host[64], proctitle[128]
 HEADER = struct.Struct("<8sIIqqQIII64s128s")
 HEADER_SIZE = 4096
+# Who wrote the ring: magic, the writer's start time in clock ticks since boot (/proc/<pid>/stat field 22), so a
+# process that got the pid later is never taken for it (tracer/launch/pidident.py). Rings made before it was added
+# hold zeros here (no magic): their writer is known only to have started before the ring was made.
+IDENT = struct.Struct("<8sQ")
+IDENT_OFFSET = 512
+IDENT_MAGIC = b"RKTIDNT1"
 META_OFFSET = HEADER_SIZE
 META_REC = struct.Struct("<II")
 META_COMMIT = 0x52544B31  # "RTK1"

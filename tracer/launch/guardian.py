@@ -28,7 +28,18 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-__all__ = ["Guardian", "job_processes", "WITNESSED", "GRACE_S"]
+if __package__:
+    from ranktrace.tracer.launch import pidident
+else:  # python -I -S guardian.py: no site, no package; the sibling module by its path
+    import importlib.util as _ilu
+
+    _spec = _ilu.spec_from_file_location("_ranktrace_pidident",
+                                         os.path.join(os.path.dirname(os.path.abspath(__file__)), "pidident.py"))
+    pidident = _ilu.module_from_spec(_spec)  # type: ignore[arg-type]
+    sys.modules[_spec.name] = pidident  # dataclasses look their module up there
+    _spec.loader.exec_module(pidident)  # type: ignore[union-attr]
+
+__all__ = ["Guardian", "job_processes", "job_targets", "WITNESSED", "GRACE_S"]
 
 # what a scheduler or a person may send to every process of a job (and trace run forwards)
 WITNESSED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT,
@@ -36,44 +47,51 @@ WITNESSED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signa
 GRACE_S = 5.0
 
 
-def _stat(pid: int) -> tuple[str, int, float] | None:
-    """(state, process group, start time in seconds since boot) of `pid`, or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-        fields = raw[raw.rindex(b")") + 2:].split()
-        return fields[0].decode(), int(fields[2]), int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _alive(pid: int) -> bool:
-    st = _stat(pid)
-    return st is not None and st[0] not in ("Z", "X")
+    st = pidident.stat(pid)
+    return st is not None and not st.zombie
 
 
-def job_processes(pgid: int, host_dir: Path | None, started_s: float) -> list[int]:
-    """The job's live processes: the members of its process group, and every process that wrote a ring of this run
-    and started after the run did (a ring's pid reused by an unrelated process later is never included)."""
+def job_targets(pgid: int, host_dir: Path | None, started_s: float) -> list["pidident.Target"]:
+    """The job's live processes, each held by its identity (pidident): the members of its process group started
+    since the run, and every process that wrote a ring of this run and is still that writer (the ring's record of
+    its start time). A ring's pid now run by an unrelated process (the writer died, its pid was reused) is left
+    alone, and so is a pid that changes hands between this check and the signal (pidfds)."""
     me = os.getpid()
-    out: set[int] = set()
+    out: dict[int, "pidident.Target"] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != me:
-            st = _stat(int(entry))
-            if st is not None and st[1] == pgid and st[0] not in ("Z", "X"):
-                out.add(int(entry))
+            st = pidident.stat(int(entry))
+            if st is None or st.pgid != pgid or st.zombie:
+                continue
+            t = pidident.target(int(entry), lambda s: s.pgid == pgid and s.start_s >= started_s - pidident.SLACK_S)
+            if t is not None:
+                out[t.pid] = t
     if host_dir is not None:
         try:
             rings = os.listdir(host_dir / "rings")
         except OSError:
             rings = []
         for name in rings:
-            head = name.split(".")[0].split("-")[0]
-            if head.isdigit() and int(head) != me:
-                st = _stat(int(head))
-                if st is not None and st[0] not in ("Z", "X") and st[2] >= started_s - 1.0:
-                    out.add(int(head))
-    return sorted(out)
+            pid = pidident.ring_pid(name)
+            if pid is None or pid == me or pid in out:
+                continue
+            writer = pidident.ring_writer(host_dir / "rings" / name)
+            if writer is None:
+                continue
+            t = pidident.target(pid, lambda s: s.start_s >= started_s - pidident.SLACK_S
+                                and pidident.writer_matches(pid, writer, s))  # noqa: B023 (called at once)
+            if t is not None:
+                out[pid] = t
+    return [out[p] for p in sorted(out)]
+
+
+def job_processes(pgid: int, host_dir: Path | None, started_s: float) -> list[int]:
+    """The pids of job_targets (for counting and records; signal through job_targets)."""
+    targets = job_targets(pgid, host_dir, started_s)
+    for t in targets:
+        t.close()
+    return [t.pid for t in targets]
 
 
 def _boot_s() -> float:
@@ -192,23 +210,18 @@ def _record_loss(host_dir: Path, ended: list[int]) -> None:
 
 
 def _end_job(job_pid: int, host_dir: Path, started_s: float) -> None:
-    targets = job_processes(job_pid, host_dir, started_s)
-    _record_loss(host_dir, targets)
-    for pid in targets:
-        if pid != job_pid:  # the started process got SIGTERM as its parent-death signal already
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except OSError:
-                pass
+    targets = job_targets(job_pid, host_dir, started_s)
+    _record_loss(host_dir, [t.pid for t in targets])
+    for t in targets:
+        if t.pid != job_pid:  # the started process got SIGTERM as its parent-death signal already
+            t.signal(signal.SIGTERM)
     deadline = time.monotonic() + GRACE_S
-    while time.monotonic() < deadline and any(_alive(p) for p in targets):
+    while time.monotonic() < deadline and any(t.alive() for t in targets):
         time.sleep(0.1)
-    for pid in targets:
-        if _alive(pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+    for t in targets:
+        if t.alive():
+            t.signal(signal.SIGKILL)
+        t.close()
 
 
 def main(argv: list[str]) -> int:

@@ -39,7 +39,7 @@ from ranktrace.tracer.launch import output_log
 from ranktrace.tracer.launch import profiles
 from ranktrace.tracer.launch import runid
 from ranktrace.tracer.launch import sysfacts
-from ranktrace.tracer.launch.guardian import Guardian, job_processes
+from ranktrace.tracer.launch.guardian import Guardian, job_processes, job_targets
 from ranktrace.tracer.watch.monitor import Monitor, MonitorOptions
 from ranktrace.tracer.watch.presenter import Presenter
 from ranktrace.tracer.watch.statusline import StatusLine
@@ -454,12 +454,13 @@ class _Job:
         return [p for p in job_processes(self.pgid, self.host_dir, self.started_s) if p not in ours]
 
     def end_job(self, sig: int) -> None:
-        """--on-hang kill: `sig` to every process of the job (never to what it is not: see job_pids)."""
-        for pid in self.job_pids():
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+        """--on-hang kill: `sig` to every process of the job (never to what it is not: each one's identity is
+        checked and it is signalled through a pidfd, guardian.job_targets)."""
+        ours = {self.guardian.proc.pid} if self.guardian is not None else set()
+        for t in job_targets(self.pgid, self.host_dir, self.started_s):
+            if t.pid not in ours:
+                t.signal(sig)
+            t.close()
 
     def close_monitor(self) -> None:
         m, self.mon = self.mon, None

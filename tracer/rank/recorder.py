@@ -45,6 +45,17 @@ def reserve(fd: int, size: int) -> None:
         off += os.pwrite(fd, zeros[:min(len(zeros), size - off)], off)
 
 
+def _start_ticks() -> int:
+    """This process's start time (/proc/self/stat field 22, clock ticks since boot), 0 where unreadable: the ring
+    says which process wrote it, so a later process with the same pid is never signalled or dumped for it."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            raw = f.read()
+        return int(raw[raw.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 class Recorder:
     """Owns one ring file. Not thread-hostile: op records may be written from any thread."""
 
@@ -81,6 +92,7 @@ class Recorder:
             self._buf, 0, rf.MAGIC, rf.VERSION, os.getpid(), clock(), wall_clock(), meta_bytes, rf.SLOT_SIZE,
             slots, 0, socket.gethostname().encode()[:63], proctitle.encode("utf-8", "replace")[:127],
         )
+        rf.IDENT.pack_into(self._buf, rf.IDENT_OFFSET, rf.IDENT_MAGIC, _start_ticks())
         try:
             os.link(tmp, path)  # FileExistsError when the name is taken: the caller picks another
         except FileExistsError:
