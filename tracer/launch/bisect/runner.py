@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -30,7 +31,7 @@ from typing import IO, Any, Callable, Iterator, Mapping
 from ranktrace.tracer.launch.attach import descendants
 
 __all__ = ["READY", "RunSpec", "RunRecord", "Stopper", "GpuBusy", "become_subreaper", "run_once",
-           "reap_leftovers", "gpu_lock", "probe_version", "verdict_brief"]
+           "reap_leftovers", "gpu_lock", "LockDirUnsafe", "probe_version", "verdict_brief"]
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -321,30 +322,79 @@ class GpuBusy(Exception):
     pass
 
 
+class LockDirUnsafe(GpuBusy):
+    """The lock folder is not ours alone (another user's, a symlink, writable by others): nothing is opened in it."""
+
+
+def _lock_dir(env: Mapping[str, str]) -> tuple[int, Path]:
+    """An fd of the lock folder, checked: $RANKTRACE_LOCK_DIR as given (it must be a real folder; lock files in it
+    are opened without following links and written only when they are ours), else <tmp>/ranktrace-bisect-<uid>,
+    which must be a real folder owned by us and closed to everyone else (another local user may have made it
+    first, and planted a symlink in it)."""
+    given = env.get("RANKTRACE_LOCK_DIR")
+    where = Path(given or Path(tempfile.gettempdir()) / f"ranktrace-bisect-{os.getuid()}")
+    try:
+        where.mkdir(mode=0o700, parents=bool(given), exist_ok=True)
+    except OSError as e:
+        raise LockDirUnsafe(f"cannot make the GPU lock folder {where}: {e.strerror or e}") from None
+    try:
+        fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (0 if given else os.O_NOFOLLOW))
+    except OSError as e:
+        raise LockDirUnsafe(f"the GPU lock folder {where} is not a folder we can use (a symlink?): "
+                            f"{e.strerror or e}; remove it or set RANKTRACE_LOCK_DIR") from None
+    st = os.fstat(fd)
+    if not given and (st.st_uid != os.geteuid() or st.st_mode & 0o077):
+        os.close(fd)
+        raise LockDirUnsafe(f"the GPU lock folder {where} is not ours alone (owner uid {st.st_uid}, mode "
+                            f"{st.st_mode & 0o7777:04o}; want uid {os.geteuid()}, 0700): not used; remove it or set "
+                            f"RANKTRACE_LOCK_DIR")
+    return fd, where
+
+
+def _open_lock(dir_fd: int, name: str, where: Path) -> tuple[IO[str], bool]:
+    """The lock file, opened in the checked folder without following a symlink and without truncating it; whether
+    it is ours to write (a plain file we own with one link: a hard link to someone's file is only locked)."""
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600,
+                     dir_fd=dir_fd)
+    except OSError as e:
+        raise LockDirUnsafe(f"cannot open the GPU lock {where / name} (a symlink?): {e.strerror or e}; not "
+                            f"followed") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise LockDirUnsafe(f"the GPU lock {where / name} is not a plain file: not used")
+    ours = st.st_uid == os.geteuid() and st.st_nlink == 1
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "r+"), ours
+
+
 @contextlib.contextmanager
 def gpu_lock(env: Mapping[str, str]) -> Iterator[str]:
     """Hold the GPUs the runs will use (CUDA_VISIBLE_DEVICES, else all) for the whole bisect: a second bisect on any
     of them is refused. All GPUs = the 'all' lock exclusive; some = 'all' shared plus each device exclusive. The
-    locks live in $RANKTRACE_LOCK_DIR (default <tmp>/ranktrace-bisect-<uid>)."""
+    locks live in $RANKTRACE_LOCK_DIR (default <tmp>/ranktrace-bisect-<uid>, which must be ours and 0700: see
+    _lock_dir); a lock file is never followed through a symlink, never truncated before it is locked, and our pid
+    is written only into a plain file we own."""
     devices = [d.strip() for d in (env.get("CUDA_VISIBLE_DEVICES") or "").split(",") if d.strip()]
     key = ",".join(devices) if devices else "all"
-    where = Path(env.get("RANKTRACE_LOCK_DIR") or Path(tempfile.gettempdir()) / f"ranktrace-bisect-{os.getuid()}")
-    where.mkdir(mode=0o700, parents=True, exist_ok=True)
+    dir_fd, where = _lock_dir(env)
     held: list[IO[str]] = []
     try:
         wanted = [("all", fcntl.LOCK_EX if not devices else fcntl.LOCK_SH)]
         wanted += [(re.sub(r"[^\w.-]", "_", d), fcntl.LOCK_EX) for d in devices]
         for name, mode in wanted:
-            f = open(where / f"gpu-{name}.lock", "a+")
+            f, ours = _open_lock(dir_fd, f"gpu-{name}.lock", where)
             held.append(f)
             try:
                 fcntl.flock(f, mode | fcntl.LOCK_NB)
             except BlockingIOError:
                 f.seek(0)
-                other = f.read().strip()
+                other = f.read(32).strip()
+                other = other if other.isdigit() else ""
                 raise GpuBusy(f"another trace bisect{' (pid ' + other + ')' if other else ''} runs jobs on GPUs {key} "
-                              f"(lock {f.name}): one job at a time on the same GPUs") from None
-            if mode == fcntl.LOCK_EX:
+                              f"(lock {where / f'gpu-{name}.lock'}): one job at a time on the same GPUs") from None
+            if mode == fcntl.LOCK_EX and ours:
                 f.seek(0)
                 f.truncate()
                 f.write(str(os.getpid()))
@@ -353,6 +403,7 @@ def gpu_lock(env: Mapping[str, str]) -> Iterator[str]:
     finally:
         for f in held:
             f.close()
+        os.close(dir_fd)
 
 
 # ---- which release ----------------------------------------------------------------------------------------------
