@@ -78,8 +78,16 @@ def _replace(path: Path, text: str) -> None:
     """Write `text` to `path` whole or not at all (a reader never sees half a file; both are rewritten on every
     silence the watchdog reports)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    data = text.encode("utf-8", "backslashreplace")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        tmp.write_text(text, encoding="utf-8", errors="backslashreplace")
+        try:
+            fd = os.open(tmp, flags, 0o600)  # a name planted before us (a symlink) is never written through
+        except FileExistsError:
+            tmp.unlink()  # unlinks the name itself, never what a symlink points at
+            fd = os.open(tmp, flags, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -446,7 +446,11 @@ def snapshot(run_dir: Path, as_json: bool) -> None:
     from ranktrace.tracer.watch import live
 
     hosts = live.host_dirs(run_dir)
-    if not hosts or not any(live.live_pids(h) for h in hosts):
+    allowed = [live.snapshot_targets(h, top=run_dir) for h in hosts]  # a run this user started, its ranks only
+    if not any(pids for pids, _ in allowed):
+        for _, why in allowed:
+            if why:
+                _err(why)
         _err(f"{run_dir}: no live traced job here (finished, or not a trace run directory)")
         sys.exit(EXIT_USAGE)
     for problem in live.snapshot_live([run_dir], reason="trace snapshot"):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ranktrace.tracer.watch import burst
 from ranktrace.tracer.launch import hostinfo
-from ranktrace.tracer.launch import meta
+from ranktrace.tracer.launch import meta, pidident
 
 __all__ = ["AttachResult", "descendants", "rank_of", "attach"]
 
@@ -128,6 +128,9 @@ def attach(pids: list[int], out_base: Path = Path("traces")) -> AttachResult:
         rank, world = (None, None) if p in helpers else rank_of(p)
         info[p] = {"rank": rank, "world": world, "ppid": parent.get(p), "rank_from": "environ" if rank is not None
                    else None}
+        st = pidident.stat(p)
+        if st is not None:  # who it is: `trace analyze` later dumps this pid only while the same process has it
+            info[p]["start_ticks"] = st.start_ticks
         if p in helpers:
             info[p]["role"] = "multiprocessing helper"
     # Leaves without a RANK in their environment (mp.spawn children): rank = order among siblings, flagged

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import struct
 import sys
 import threading
 import time
@@ -207,18 +208,38 @@ def stacks_as_pyspy() -> list[dict[str, Any]]:
     return out
 
 
-def ask(path: Path | str, timeout: float = 5.0, request: bytes = REQUEST) -> dict[str, Any]:
-    """One agent's answer (the burst side). Raises OSError / ValueError when there is none in time."""
+MAX_ANSWER = 64 << 20   # bytes of one answer (stacks + Flight Recorder of 2000 entries are a few MB)
+
+
+def ask(path: Path | str, timeout: float = 5.0, request: bytes = REQUEST, *, expect_pid: int | None = None,
+        max_bytes: int = MAX_ANSWER) -> dict[str, Any]:
+    """One agent's answer (the burst side). Raises OSError / ValueError when there is none in time, when it is
+    larger than `max_bytes` or still coming after `timeout` (a socket that streams forever costs at most both), or
+    when the process listening is not `expect_pid` (SO_PEERCRED: a socket someone else put there)."""
     deadline = time.monotonic() + timeout
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         _via_dir_fd(Path(path), s.connect)
+        if expect_pid is not None:
+            peer = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+            if peer[0] != expect_pid:
+                raise ValueError(f"the socket is served by pid {peer[0]}, not by {expect_pid}: not asked")
         s.sendall(request)
         chunks = []
+        got = 0
         while True:
-            s.settimeout(max(0.05, deadline - time.monotonic()))
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"answer still coming after {timeout:.0f} s ({got >> 10} KiB): cut")
+            s.settimeout(left)
             b = s.recv(1 << 20)
             if not b:
                 break
+            got += len(b)
+            if got > max_bytes:
+                raise ValueError(f"answer larger than {max_bytes >> 20} MiB: cut")
             chunks.append(b)
-    return json.loads(b"".join(chunks))
+    try:
+        return json.loads(b"".join(chunks))
+    except RecursionError:
+        raise ValueError("answer nested too deep") from None

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from ranktrace.tracer.watch.ras import RasPoll
     from ranktrace.tracer.watch.stack_sampler import StackDump
 
-__all__ = ["BurstResult", "capture_burst", "find_pyspy", "proc_threads"]
+__all__ = ["BurstResult", "DumpDir", "UnsafeDir", "capture_burst", "find_pyspy", "proc_threads"]
 
 
 @dataclass
@@ -30,6 +30,65 @@ class BurstResult:
     problems: list[str] = field(default_factory=list)
     dumps: dict[int, "StackDump"] = field(default_factory=dict)   # the py-spy dumps taken here (not handed in)
     ras: "RasPoll | None" = None
+
+
+class UnsafeDir(OSError):
+    """A dumps folder that is not ours alone (a symlink, another user's): nothing is written there."""
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class DumpDir:
+    """A new ``dumps/<stamp>/`` in `host_dir`, made and written through directory fds without following a symlink
+    at any step: a planted ``dumps`` symlink, or one swapped in later, never leads a write elsewhere. The host dir
+    and ``dumps`` must be owned by us; files are created new (O_EXCL | O_NOFOLLOW, 0600)."""
+
+    def __init__(self, host_dir: Path, stamp: str) -> None:
+        hfd = os.open(os.path.realpath(host_dir), _DIR_FLAGS)
+        try:
+            self._owned(hfd, host_dir)
+            try:
+                os.mkdir("dumps", 0o700, dir_fd=hfd)
+            except FileExistsError:
+                pass
+            try:
+                dfd = os.open("dumps", _DIR_FLAGS, dir_fd=hfd)
+            except OSError as e:
+                raise UnsafeDir(e.errno, f"{host_dir / 'dumps'} is not a folder (a symlink is never followed)") from None
+        finally:
+            os.close(hfd)
+        try:
+            self._owned(dfd, host_dir / "dumps")
+            name, n = stamp, 1
+            while True:
+                try:
+                    os.mkdir(name, 0o700, dir_fd=dfd)
+                    break
+                except FileExistsError:
+                    n += 1
+                    name = f"{stamp}-{n}"
+            self.fd = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+        finally:
+            os.close(dfd)
+        self.path = host_dir / "dumps" / name
+
+    @staticmethod
+    def _owned(fd: int, shown: Path) -> None:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise UnsafeDir(1, f"{shown} is owned by uid {st.st_uid}, not by us: nothing is written into it")
+
+    def write(self, name: str, text: str) -> Path:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self.fd)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        return self.path / name
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 PYSPY_ENV = "RANKTRACE_PYSPY"  # a py-spy binary to use, or 0 for none (stacks then come from the in-rank agents)
@@ -70,19 +129,17 @@ def proc_threads(pid: int) -> list[dict[str, object]]:
     return out
 
 
-def _dump_one(pyspy: str, pid: int, directory: Path, native: bool, timeout: float
+def _dump_one(pyspy: str, pid: int, directory: DumpDir, native: bool, timeout: float
               ) -> tuple[Path | None, str | None, "StackDump"]:
     from ranktrace.tracer.watch.stack_sampler import pyspy_dump
 
     d = pyspy_dump(pyspy, pid, native=native, timeout=timeout)
     if d.text is None:
         return None, d.error, d
-    path = directory / f"pyspy-{pid}.json"
-    path.write_text(d.text)
-    return path, None, d
+    return directory.write(f"pyspy-{pid}.json", d.text), None, d
 
 
-def _ask_agent(host_dir: Path, pid: int, directory: Path, timeout: float) -> tuple[list[Path], str | None]:
+def _ask_agent(host_dir: Path, pid: int, directory: DumpDir, timeout: float) -> tuple[list[Path], str | None]:
     """The rank's own answer (tracer.agent): its Python stacks without ptrace, and its Flight Recorder."""
     from ranktrace.tracer.rank import agent
 
@@ -90,19 +147,19 @@ def _ask_agent(host_dir: Path, pid: int, directory: Path, timeout: float) -> tup
     if not sock.exists():
         return [], None
     try:
-        ans = agent.ask(sock, timeout)
+        ans = agent.ask(sock, timeout, expect_pid=pid)
     except (OSError, ValueError) as e:
         return [], f"pid {pid}: in-rank agent did not answer ({type(e).__name__}: {e})"
     files: list[Path] = []
+    if not isinstance(ans, dict):
+        return [], f"pid {pid}: in-rank agent answered something else than its JSON object"
     if ans.get("threads"):
-        path = directory / f"agent-{pid}.json"  # py-spy's JSON layout: the py-spy reader reads it (source agent)
-        path.write_text(json.dumps(ans["threads"]))
-        files.append(path)
-    if ans.get("fr"):
+        # py-spy's JSON layout: the py-spy reader reads it (source agent)
+        files.append(directory.write(f"agent-{pid}.json", json.dumps(ans["threads"])))
+    if isinstance(ans.get("fr"), str) and ans["fr"]:
         rank = ans.get("rank")
-        path = directory / (f"fr-rank{rank}-pid{pid}.json" if isinstance(rank, int) else f"fr-pid{pid}.json")
-        path.write_text(ans["fr"])
-        files.append(path)
+        files.append(directory.write(f"fr-rank{rank}-pid{pid}.json" if isinstance(rank, int) and
+                                     not isinstance(rank, bool) else f"fr-pid{pid}.json", ans["fr"]))
     note = ans.get("fr_note") if "capture" in str(ans.get("fr_note")) else ans.get("error")
     return files, (f"pid {pid}: {note}" if note else None)
 
@@ -112,8 +169,20 @@ def capture_burst(host_dir: Path, pids: list[int], *, native: bool = False, time
                   ras_addr: str | None = None) -> BurstResult:
     """Dump every pid into ``host_dir/dumps/<timestamp>/``. Never raises for a process or tool problem."""
     stamp = time.strftime("%Y%m%d-%H%M%S") + f".{int(time.time() * 1000) % 1000:03d}"
-    directory = host_dir / "dumps" / stamp
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        out = DumpDir(host_dir, stamp)
+    except OSError as e:  # not ours, a symlink: no burst at all (nothing dumped, nothing written)
+        return BurstResult(host_dir / "dumps" / stamp, problems=[f"no capture burst: {e.strerror or e}"])
+    try:
+        return _burst(out, host_dir, pids, native=native, timeout=timeout, reason=reason, dumps=dumps,
+                      ras_addr=ras_addr)
+    finally:
+        out.close()
+
+
+def _burst(out: DumpDir, host_dir: Path, pids: list[int], *, native: bool, timeout: float, reason: str,
+           dumps: "dict[int, StackDump] | None", ras_addr: str | None) -> BurstResult:
+    directory = out.path
     result = BurstResult(directory)
     live = [p for p in pids if os.path.exists(f"/proc/{p}")]
     for p in sorted(set(pids) - set(live)):
@@ -127,7 +196,7 @@ def capture_burst(host_dir: Path, pids: list[int], *, native: bool = False, time
         def ask() -> None:
             try:
                 result.ras = ras.poll(ras_addr)
-                ras.save(result.ras, directory)
+                ras.save(result.ras, directory, write=out.write)
                 ras.summarize(result.ras)
             except Exception as e:  # RAS must never cost the burst
                 result.problems.append(f"NCCL RAS query failed: {type(e).__name__}: {e}")
@@ -135,23 +204,21 @@ def capture_burst(host_dir: Path, pids: list[int], *, native: bool = False, time
         ras_thread = threading.Thread(target=ask, name="ranktrace-ras", daemon=True)
         ras_thread.start()
     threads = {p: proc_threads(p) for p in live}
-    (directory / "proc.json").write_text(json.dumps({"reason": reason, "wall_ns": time.time_ns(),
-                                                      "threads": threads}, indent=1))
-    result.files.append(directory / "proc.json")
+    result.files.append(out.write("proc.json", json.dumps({"reason": reason, "wall_ns": time.time_ns(),
+                                                           "threads": threads}, indent=1)))
     given = {p: d for p, d in (dumps or {}).items() if p in live and d.text is not None}
     for p, d in given.items():
-        path = directory / f"{d.source}-{p}.json"  # pyspy-<pid>.json, or agent-<pid>.json (same layout)
-        path.write_text(d.text or "")
-        result.files.append(path)
+        # pyspy-<pid>.json, or agent-<pid>.json (same layout)
+        result.files.append(out.write(f"{d.source}-{p}.json", d.text or ""))
     agents = ThreadPoolExecutor(max_workers=min(8, max(1, len(live))), thread_name_prefix="ranktrace-agent-ask")
-    asked = [agents.submit(_ask_agent, host_dir, p, directory, timeout) for p in live]
+    asked = [agents.submit(_ask_agent, host_dir, p, out, timeout) for p in live]
     todo = [p for p in live if p not in given]
     pyspy = find_pyspy() if todo else None
     if todo and pyspy is None:
         result.problems.append("py-spy not found or turned off: Python stacks only from the in-rank agents")
     elif todo:
         with ThreadPoolExecutor(max_workers=min(8, len(todo))) as pool:
-            for path, problem, d in pool.map(lambda p: _dump_one(pyspy, p, directory, native, timeout), todo):
+            for path, problem, d in pool.map(lambda p: _dump_one(pyspy, p, out, native, timeout), todo):
                 result.dumps[d.pid] = d
                 if path is not None:
                     result.files.append(path)
@@ -173,5 +240,5 @@ def capture_burst(host_dir: Path, pids: list[int], *, native: bool = False, time
             if result.ras.file is not None:
                 result.files.append(result.ras.file)
     if result.problems:
-        (directory / "problems.txt").write_text("\n".join(result.problems) + "\n")
+        out.write("problems.txt", "\n".join(result.problems) + "\n")
     return result

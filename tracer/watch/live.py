@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import struct
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from ranktrace.tracer.watch import burst
 from ranktrace.tracer.launch import hostinfo
 from ranktrace.tracer import ringformat as rf
 
-__all__ = ["liveness", "live_pids", "host_dirs", "snapshot_live"]
+__all__ = ["liveness", "live_pids", "host_dirs", "snapshot_live", "snapshot_targets"]
 
 
 def host_dirs(path: Path) -> list[Path]:
@@ -52,11 +53,7 @@ def liveness(paths: list[Path]) -> Liveness:
 
 
 def _meta(host_dir: Path) -> dict:
-    try:
-        meta = json.loads((host_dir / "meta.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return meta if isinstance(meta, dict) else {}
+    return _meta_bounded(host_dir)  # never blocks on a FIFO, never reads more than META_MAX_BYTES
 
 
 def live_pids(host_dir: Path) -> list[int]:
@@ -136,12 +133,167 @@ def ring_owner_alive(pid: int, ring: Path) -> bool:
     return pid_running(pid, fields[3] / 1e9 + (_boottime() - time.monotonic()))
 
 
+# --- what a snapshot may act on ------------------------------------------------------------------------------------
+
+META_MAX_BYTES = 16 << 20   # meta.json read for the snapshot decision (the analysis reads it with its own bounds)
+
+
+def _own_dir(path: Path) -> str | None:
+    """Why `path` (a real folder) is not ours alone to act on, or None: owned by us, and no one else may write in it."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        return f"{path}: {e.strerror or e}"
+    if st.st_uid != os.geteuid():
+        return f"{path} is owned by uid {st.st_uid}, not by us (uid {os.geteuid()})"
+    if st.st_mode & 0o022:  # made under umask 000: fine when nobody else can reach into it (the run folder, 0700)
+        try:
+            up = os.stat(path.parent)
+        except OSError:
+            up = None
+        if up is None or up.st_uid != os.geteuid() or up.st_mode & 0o077:
+            return f"{path} is writable by others (mode {st.st_mode & 0o7777:04o})"
+    return None
+
+
+def _own_meta(host_dir: Path) -> tuple[dict | None, str | None]:
+    """meta.json as a snapshot may trust it: a plain file of ours (never through a symlink, never a FIFO), bounded,
+    in our own format. (meta, None), (None, why), or (None, None) for a folder that holds no meta at all."""
+    try:
+        fd = os.open(host_dir / "meta.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None, None
+    except OSError as e:
+        return None, f"{host_dir / 'meta.json'}: {e.strerror or e} (a symlink is never followed)"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, f"{host_dir / 'meta.json'} is not a plain file"
+        if st.st_uid != os.geteuid():
+            return None, f"{host_dir / 'meta.json'} is owned by uid {st.st_uid}, not by us (uid {os.geteuid()})"
+        raw = os.read(fd, META_MAX_BYTES + 1)
+    except OSError as e:
+        return None, f"{host_dir / 'meta.json'}: {e.strerror or e}"
+    finally:
+        os.close(fd)
+    if len(raw) > META_MAX_BYTES:
+        return None, f"{host_dir / 'meta.json'} is over {META_MAX_BYTES >> 20} MiB"
+    try:
+        meta = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None, f"{host_dir / 'meta.json'} is not ranktrace's meta.json (unreadable JSON)"
+    if not isinstance(meta, dict) or meta.get("schema") != "ranktrace.meta/1":
+        return None, f"{host_dir / 'meta.json'} is not ranktrace's meta.json (schema ranktrace.meta/1)"
+    return meta, None
+
+
+def _looks_live(host_dir: Path) -> bool:
+    """What the snapshot looked at before #31 (without acting on it): an unfinished run of this machine."""
+    meta = _meta_bounded(host_dir)
+    return not meta.get("exit") and meta.get("hostname") in (None, os.uname().nodename) and bool(live_pids(host_dir))
+
+
+def _meta_bounded(host_dir: Path) -> dict:
+    try:
+        fd = os.open(host_dir / "meta.json", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return {}
+        meta = json.loads(os.read(fd, META_MAX_BYTES))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    finally:
+        os.close(fd)
+    return meta if isinstance(meta, dict) else {}
+
+
+def snapshot_targets(host_dir: Path, top: Path | None = None) -> tuple[list[int], str | None]:
+    """The processes a snapshot of `host_dir` may dump, and in one line why some or all were left alone.
+
+    Only a run this user started is acted on: the folder (and `top`, the folder given, when the host dir is inside
+    it) and its meta.json are ours and closed to other writers, meta.json is ours in format, and each pid is really
+    this run's rank now: a ring of ours (no symlink) whose header names the pid, the process running under it the
+    ring's writer (its start time, pidident), and started with RANKTRACE_DIR pointing at this very host dir.
+    `trace attach` dirs hold no rings: their pids count when meta.json recorded each one's start time and it
+    matches. Anything else is only read, never dumped or written into."""
+    from ranktrace.tracer.launch import pidident
+
+    real = Path(os.path.realpath(host_dir))
+    for d in ([Path(os.path.realpath(top))] if top is not None and Path(os.path.realpath(top)) != real else []) + [real]:
+        why = _own_dir(d)
+        if why is not None:
+            return [], f"live snapshot skipped: {why}; a folder someone else wrote is only read, never acted on"
+    meta, why = _own_meta(real)
+    if meta is None:
+        return [], (f"live snapshot skipped: {why}" if why else None)
+    if meta.get("exit") or meta.get("hostname") not in (None, os.uname().nodename):
+        return [], None
+    key = meta.get("host_key")
+    if key is not None and key != hostinfo.host_key():
+        return [], None
+    pids: list[int] = []
+    refused: list[str] = []
+    if meta.get("attached"):
+        recorded = meta.get("pids") if isinstance(meta.get("pids"), dict) else {}
+        for p, info in recorded.items():
+            if not str(p).isdigit():
+                continue
+            st = pidident.stat(int(p))
+            if st is None or st.zombie:
+                continue
+            ticks = info.get("start_ticks") if isinstance(info, dict) else None
+            if isinstance(ticks, int) and ticks == st.start_ticks:
+                pids.append(int(p))
+            else:
+                refused.append(f"{p} (no start time recorded)" if not isinstance(ticks, int) else f"{p} (reused)")
+    rings = real / "rings"
+    try:
+        names = sorted(os.listdir(rings)) if not os.path.islink(rings) else []
+    except OSError:
+        names = []
+    for name in names:
+        pid = pidident.ring_pid(name)
+        if pid is None or not name.endswith(".ring") or pid in pids:
+            continue
+        st = pidident.stat(pid)
+        if st is None or st.zombie:
+            continue  # gone: nothing to say, as before
+        try:
+            rst = os.lstat(rings / name)
+        except OSError:
+            continue
+        if not stat.S_ISREG(rst.st_mode) or rst.st_uid != os.geteuid():
+            refused.append(f"{pid} (ring not ours)")
+            continue
+        writer = pidident.ring_writer(rings / name)
+        if writer is None or not pidident.writer_matches(pid, writer, st):
+            refused.append(f"{pid} (not the ring's writer: reused pid)")
+            continue
+        env_dir = pidident.environ_dir(pid)
+        if isinstance(env_dir, pidident.Unreadable):
+            refused.append(f"{pid} (environment unreadable)")
+        elif env_dir is None or os.path.realpath(env_dir) != str(real):
+            refused.append(f"{pid} (not started for this run: RANKTRACE_DIR={env_dir})")
+        else:
+            pids.append(pid)
+    note = None
+    if refused:
+        note = (f"live snapshot of {host_dir}: left alone pid(s) {', '.join(refused[:6])}"
+                f"{f' and {len(refused) - 6} more' if len(refused) > 6 else ''}: not this run's ranks now")
+    return sorted(set(pids)), note
+
+
 def snapshot_live(paths: list[Path], reason: str = "trace analyze") -> list[str]:
-    """Burst every live job under `paths`; returns one line per problem (py-spy missing, denied, ...)."""
+    """Burst every live job under `paths` that this user started (snapshot_targets); returns one line per problem
+    (py-spy missing, denied, a folder left alone and why)."""
     problems: list[str] = []
     for p in paths:
         for hd in host_dirs(p):
-            pids = live_pids(hd)
+            pids, why = snapshot_targets(hd, top=p)
+            if why is not None and (pids or _looks_live(hd)):
+                problems.append(why)
             if pids:
                 problems.extend(burst.capture_burst(hd, pids, reason=reason).problems)
     return problems

@@ -21,7 +21,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["DEFAULT_ADDR", "RasAnswer", "RasPoll", "parse_addr", "query", "poll", "default_addr"]
 
@@ -158,14 +158,19 @@ def poll(addr: str | None = None, *, budget_s: float = 3.0, gap_s: float = 1.5) 
     return res
 
 
-def save(res: RasPoll, directory: Path) -> Path | None:
-    """Write the answers as one file the nccl_ras reader reads as consecutive snapshots."""
+def save(res: RasPoll, directory: Path, write: "Callable[[str, str], Path] | None" = None) -> Path | None:
+    """Write the answers as one file the nccl_ras reader reads as consecutive snapshots (through `write(name,
+    text)` when given: a burst's DumpDir, which never follows a symlink)."""
     answers = [a for a in res.answers if a.text.strip()]
     if not answers:
         return None
     fmt = "json" if all(a.format == "json" for a in answers) else "txt"
-    path = directory / f"ras.{fmt}"
-    path.write_text("\n".join(a.text.rstrip("\n") for a in answers) + "\n")
+    text = "\n".join(a.text.rstrip("\n") for a in answers) + "\n"
+    if write is not None:
+        path = write(f"ras.{fmt}", text)
+    else:
+        path = directory / f"ras.{fmt}"
+        path.write_text(text)
     res.file = path
     return path
 
