@@ -14,7 +14,7 @@ __all__ = ["SCHEMA", "STATUSES", "KINDS", "Evidence", "Finding", "Operation", "W
            "compact_ranks", "operation_text", "PHASE_TEXT", "phase_text"]
 
 SCHEMA = "ranktrace.verdict/1"
-STATUSES = ("hang", "completed", "crashed", "idle", "inconclusive", "interrupted")
+STATUSES = ("hang", "completed", "crashed", "idle", "inconclusive", "interrupted", "stopped")
 KINDS = ("missing_ranks", "collective_mismatch", "stuck_in_collective", "graph_capture", "init_hang", "rank_exited",
          "blocked_outside_collective", "wait_cycle", "no_hang", "unknown")
 

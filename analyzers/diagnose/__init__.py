@@ -9,6 +9,7 @@ from typing import Callable
 from ranktrace.analyzers import hosts as hosts_mod
 from ranktrace.analyzers import hoststate
 from ranktrace.analyzers import stacks as stacks_mod
+from ranktrace.analyzers.diagnose import arbitrate as arbitration
 from ranktrace.analyzers.diagnose.blocked_rule import blocked_outside
 from ranktrace.analyzers.diagnose.candidate import Candidate, op_evidence, ranks_text
 from ranktrace.analyzers.diagnose.context import Context, build_context
@@ -38,7 +39,8 @@ def diagnose(ctx: Context) -> Verdict:
     candidates: list[Candidate] = []
     for rule in RULES:
         candidates.extend(rule(ctx))
-    primary = next((c for c in candidates if c.primary), None)
+    decision = arbitration.arbitrate(ctx, candidates)
+    primary = decision.primary
     job = ctx.job
     if job.traced and job.ended and job.exit_code == 0 and not job.signal and not job.killed_on_hang:
         primary = None  # a job that exited 0 did not hang; ops "in flight" at exit are NCCL/async bookkeeping
@@ -47,7 +49,8 @@ def diagnose(ctx: Context) -> Verdict:
     cut = _cut_finding(ctx, primary)
     if cut is not None:
         primary = None  # a trace cut by killing trace run shows what was open then, never that it hung
-    findings: list[Finding] = [f for c in candidates for f in c.findings]
+    findings: list[Finding] = list(decision.notes) + [f for c in candidates for f in c.findings
+                                                      if not decision.stopped_clean]
     if cut is not None:
         findings.insert(0, cut)
     if job.traced and job.ended and job.interrupted:
@@ -56,7 +59,7 @@ def diagnose(ctx: Context) -> Verdict:
     findings.extend(_unknown_findings(ctx))
     findings.extend(_job_state_findings(ctx))
     findings.extend(_inferred_rank_findings(ctx))
-    status = _status(ctx, primary)
+    status = "stopped" if decision.stopped_clean and not job.interrupted else _status(ctx, primary)
     world = ctx.world
     unobserved = tuple(sorted(set(range(world)) - ctx.observed_ranks)) if world else ()
     if primary is None:
@@ -201,6 +204,9 @@ def _no_primary(ctx: Context, status: str) -> tuple[str, str, list[str]]:
     if status == "interrupted":
         return ("no_hang", "The job was interrupted (SIGINT) while nothing was pending: no hang was seen before it.",
                 [])
+    if status == "stopped":
+        return ("no_hang", "The job was stopped from outside (a scheduler, `timeout`, a person) while it was making "
+                "progress: no hang was seen before the stop, so nobody is blamed.", [])
     if job.traced and job.state == "cut":
         return ("unknown", "The trace is incomplete: trace run was killed before the job ended, and its guardian "
                 "ended the job; calls open at that moment were cut off, not shown to hang.",

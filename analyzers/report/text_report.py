@@ -25,7 +25,7 @@ EXTENSION = ".txt"
 BINARY = False
 PIPE_WIDTH = 240   # width=None (piped, a log): lines are never broken; a table is as wide as its content, up to this
 
-_STATUS_STYLE = {"hang": "bold red", "crashed": "bold red", "completed": "bold green", "idle": "bold green",
+_STATUS_STYLE = {"hang": "bold red", "crashed": "bold red", "completed": "bold green", "idle": "bold green", "stopped": "bold yellow",
                  "inconclusive": "bold yellow"}
 
 

@@ -1,0 +1,276 @@
+"""One arbitration over every rule's candidates: which one is the verdict, by the strength of the evidence behind it.
+
+The rules propose; this step decides, in one place, with the strength table below (also docs/EVIDENCE.md):
+
+1. **Vetoes first.** A candidate that a stronger fact contradicts is set aside, and the fact is kept as a finding:
+   - completion: the inputs show the work it calls stuck finished (every rank it names destroyed its communicator
+     normally, the nccl-tests run concluded, the training loop said it finished);
+   - a recording that merely ends mid-flight: launches without a completion that are the very last records of an
+     export whose host-side ranges all closed (a trace cut at its end, not a kernel that never ended);
+   - hang-time stacks: a candidate built on statements (logs, Flight Recorder) that puts ranks inside a collective
+     while their stacks, sampled while the job was silent, show every one of them outside communication;
+   - a stop from outside (SIGTERM/SIGINT/SIGHUP/SIGQUIT to the job, from a scheduler, `timeout` or a person) with no
+     hang seen before it: what was open then was cut by the stop, not shown to hang.
+2. **Blame needs a witness.** A culprit must be a rank some input says something about; ranks no input mentions
+   are "unobserved" and are taken off the culprit list (the finding says so).
+3. **The strongest remaining candidate wins**; between equals, the rules' order (diagnose.RULES) decides.
+
+Rules stay functions of the Context; nothing here reads files.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ranktrace.analyzers.diagnose.candidate import Candidate, ranks_text
+from ranktrace.analyzers.diagnose.context import Context
+from ranktrace.analyzers.verdict import Evidence, Finding
+
+__all__ = ["STRENGTH", "strength", "Decision", "arbitrate", "DEFAULT_HANG_AFTER_S", "hang_seen_before_stop"]
+
+# The order of strength of evidence sources, strongest first (docs/EVIDENCE.md is this table in words). Our own
+# records of every call and the stacks sampled while the job was silent say what each rank did at the time; a
+# communicator's own counters come next; statements a process printed about itself or others come after; a line
+# of a log that only shows a call being issued says the least.
+STRENGTH: dict[str, int] = {
+    "events": 6,        # our own ring records (issue / return / error of every call, in the rank)
+    "agent": 6,         # the in-rank agent's stacks at the burst
+    "pyspy": 6,         # py-spy stacks (ours at the burst, or a dump a person took while it hung)
+    "gdb": 5, "faulthandler": 5,
+    "ras": 5,           # NCCL RAS: the communicator's own per-rank op counts
+    "fr": 4,            # the Flight Recorder: torch's record of issued / started / completed work
+    "nsys": 4, "kineto": 3,
+    "watchdog": 3, "torch_c10d": 3, "horovod": 3, "nccl_ras": 3,
+    "nccl": 2,          # NCCL debug lines: issue only, never completion
+    "traceback": 2, "torch_elastic": 2, "server_log": 2, "progress": 2, "nccl_tests": 2,
+    "proc": 2, "ps_top": 1, "gpu": 1, "env_versions": 0, "meta": 0, "input": 0,
+}
+_DEFAULT_STRENGTH = 2
+
+DEFAULT_HANG_AFTER_S = 60.0  # trace run's default silence threshold: an op open this long before a stop was a hang
+
+# the sources whose presence makes a candidate a statement about itself rather than our own observation
+_OWN = frozenset({"events", "agent", "pyspy"})
+# host states that put a rank outside any communication (hoststate.classify)
+_OUTSIDE = frozenset({"blocked_other", "idle_loop"})
+# kinds that claim ranks are inside a collective / p2p call
+_IN_COLLECTIVE_KINDS = frozenset({"stuck_in_collective", "missing_ranks", "collective_mismatch", "wait_cycle"})
+# job-level completion statements (analyzers.readers: nccl_tests, progress, torch_elastic)
+_JOB_DONE = frozenset({"nccl_tests_ok", "training_done", "exit_ok"})
+
+
+def strength(c: Candidate) -> int:
+    """A candidate's strength: the strongest source among the evidence of its own findings."""
+    best = -1
+    for f in c.findings:
+        for e in f.evidence:
+            best = max(best, STRENGTH.get(e.source or "", _DEFAULT_STRENGTH))
+    return best if best >= 0 else _DEFAULT_STRENGTH
+
+
+@dataclass
+class Decision:
+    """The verdict's candidate (or None), and the findings that say what was set aside and why."""
+
+    primary: Candidate | None
+    notes: list[Finding]
+    stopped_clean: bool = False   # stopped from outside with no hang seen before the stop
+
+
+def arbitrate(ctx: Context, candidates: list[Candidate]) -> Decision:
+    notes: list[Finding] = []
+    stop = _stop_without_hang(ctx, candidates)
+    if stop is not None:
+        notes.append(stop)
+        return Decision(None, notes, stopped_clean=True)
+    kept: list[tuple[int, int, Candidate]] = []
+    for order, c in enumerate(candidates):
+        if not c.primary:
+            continue
+        veto = _completion_veto(ctx, c) or _recording_end_veto(ctx, c) or _stacks_veto(ctx, c)
+        if veto is not None:
+            if not any(n.summary == veto.summary for n in notes):
+                notes.append(veto)
+            continue
+        c, note = _witnessed(ctx, c)
+        if note is not None:
+            notes.append(note)
+        kept.append((strength(c), order, c))
+    if not kept:
+        return Decision(None, notes)
+    first = kept[0]
+    best = max(kept, key=lambda k: (k[0], -k[1]))
+    # A later rule overrides the rules' order only from a clearly stronger tier: our own records or hang-time stacks
+    # over statements and logs (a difference of 2 or more); within a tier the order of the rules stands.
+    # A candidate that cites no evidence at all keeps its place (a rule reading our own records directly).
+    weaker = bool(_sources(first[2])) and first[0] + 2 <= best[0]
+    primary = best[2] if weaker and best[0] >= STRENGTH["events"] else first[2]
+    return Decision(primary, notes)
+
+
+def _ranks_of(c: Candidate) -> set[int]:
+    return set(c.culprits) | set(c.waiting)
+
+
+def _sources(c: Candidate) -> set[str]:
+    return {e.source or "" for f in c.findings for e in f.evidence}
+
+
+def _states(c: Candidate) -> list[str]:
+    return [e.detail or "" for f in c.findings for e in f.evidence]
+
+
+def _failed(c: Candidate) -> bool:
+    """Its evidence shows an error or a timeout (a watchdog abort, a failed call): not a plain 'in flight'."""
+    return any(("failed" in d or "timed out" in d or "timeout" in d.lower() or "error" in d.lower())
+               for d in _states(c))
+
+
+def _completion_veto(ctx: Context, c: Candidate) -> Finding | None:
+    """Completion is a veto: finished work is never a hang. Only for inputs that are not our own run (ours know the
+    job's exit status and are judged by it)."""
+    if ctx.job.traced or c.kind not in ("stuck_in_collective", "missing_ranks"):
+        return None
+    if _failed(c) or _sources(c) & _OWN:
+        return None
+    done = ctx.observations("completion")
+    job_done = [o for o in done if o["name"] in _JOB_DONE]
+    destroyed = {o["rank"] for o in done if o["name"] == "nccl_destroy" and o["rank"] is not None}
+    ranks = _ranks_of(c)
+    if job_done:
+        o = job_done[-1]
+        why = f"the job says it finished ({o['name']}: {(o['detail'] or '').strip()[:120]})"
+    elif ranks and ranks <= destroyed:
+        o = next(x for x in done if x["name"] == "nccl_destroy")
+        why = (f"every rank it names ({ranks_text(ranks)}) destroyed its NCCL communicator normally afterwards "
+               f"(Destroy COMPLETE)")
+    else:
+        return None
+    return Finding("completed_after", f"not a hang: {c.summary[:160].rstrip('.')} — but {why}", (), 1.0,
+                   (Evidence(o["source"] or "log", o["file"], o["line"], (o["detail"] or o["name"] or "")[:200],
+                             o["rank"]),))
+
+
+def _recording_end_veto(ctx: Context, c: Candidate) -> Finding | None:
+    """A profiler recording that ends with work in flight, which is what every trace of a running job shows: a Kineto
+    trace (written only once its window closed), or an nsys export whose last records are launches without a
+    completion while every host-side range in it closed."""
+    if ctx.job.traced or c.kind != "stuck_in_collective":
+        return None
+    srcs = _sources(c)
+    if not srcs or not srcs <= {"nsys", "kineto"} or _failed(c) or ctx.open_spans:
+        return None
+    if srcs == {"kineto"}:
+        e = c.findings[0].evidence[0]
+        return Finding("recording_ends_in_flight",
+                       "not shown to hang: a Kineto (torch.profiler) trace is written when its profiling window "
+                       "closes, so the process ran past every call in it; a call whose kernel is not in the trace "
+                       "was still in flight when the window closed", (), 0.8, (e,))
+    ev = ctx.events
+    if ev.num_rows == 0:
+        return None
+    import pyarrow.compute as pc
+
+    last = pc.max(ev["wall_ns"]).as_py()
+    launches = [e for f in c.findings for e in f.evidence if "no completion" in (e.detail or "")]
+    walls = ev.filter(pc.and_(pc.equal(ev["kind"], "enter"), pc.equal(ev["state"], "scheduled")))["wall_ns"]
+    pending = [w for w in walls.to_pylist() if w is not None]
+    if last is None or not pending or min(pending) < last - 50_000_000:  # 50 ms: the very end of the records
+        return None
+    e = launches[0] if launches else c.findings[0].evidence[0]
+    return Finding("recording_ends_in_flight",
+                   f"not shown to hang: the recording ends with {len(pending)} launch(es) in flight as its very last "
+                   "records, and every host-side range in it closed; a kernel that never ended leaves the recording "
+                   "going on without it", (), 0.8, (e,))
+
+
+def _stacks_veto(ctx: Context, c: Candidate) -> Finding | None:
+    """Hang-time stacks outrank statements: a candidate resting on logs or the Flight Recorder that puts ranks inside
+    a collective, while stacks sampled at the hang show every one of those ranks outside communication."""
+    if c.kind not in _IN_COLLECTIVE_KINDS or _sources(c) & _OWN:
+        return None
+    inside = set(c.waiting) or set(c.culprits)
+    if not inside:
+        return None
+    live = {r: s for r, s in ctx.stacks.items() if (s.source or "") in ("pyspy", "agent", "gdb")}
+    if not inside <= set(live) or not all(ctx.host_states.get(r) in _OUTSIDE for r in inside):
+        return None
+    r0 = min(inside)
+    st = live[r0]
+    return Finding("contradicted_by_stacks",
+                   f"set aside: {c.summary[:140].rstrip('.')} — the stacks sampled at the hang show "
+                   f"{ranks_text(inside)} outside any communication", tuple(sorted(inside)), 0.9,
+                   (Evidence(st.source or "pyspy", st.file, st.line, f"rank {r0}: {ctx.host_states.get(r0)}", r0),))
+
+
+def _witnessed(ctx: Context, c: Candidate) -> tuple[Candidate, Finding | None]:
+    """Blame needs a witness: culprits no input says anything about are taken off (they are 'unobserved')."""
+    if not c.culprits or not ctx.observed_ranks:
+        return c, None
+    named = _named_ranks(c)
+    keep = tuple(r for r in c.culprits if r in ctx.observed_ranks or r in named)
+    if keep == c.culprits:
+        return c, None
+    dropped = tuple(r for r in c.culprits if r not in keep)
+    note = Finding("unwitnessed_culprits", f"{ranks_text(dropped)} would be blamed, but no input says anything about "
+                   f"{'it' if len(dropped) == 1 else 'them'}: not named as culprit{'s' if len(dropped) > 1 else ''}",
+                   dropped, 0.9, ())
+    return replace(c, culprits=keep), note
+
+
+def _named_ranks(c: Candidate) -> set[int]:
+    """Ranks a candidate's own evidence names (a stall inspector's "missing ranks: 1, 5" is a statement about 1, 5)."""
+    return {e.rank for f in c.findings for e in f.evidence if e.rank is not None} | {
+        r for f in c.findings for r in f.ranks if any(e.source not in ("meta", None) for e in f.evidence)}
+
+
+def hang_seen_before_stop(ctx: Context, candidates: list[Candidate]) -> bool:
+    """Before the job was stopped from outside, was a hang already seen? A burst the watchdog (or a person's
+    `trace snapshot`) took before the stop, or a call left open since at least the default silence threshold."""
+    stop = ctx.job.stopped_ns
+    if stop is None:
+        return True
+    st = ctx.inputs.stacks
+    if st.num_rows:
+        for f, w in zip(st["file"].to_pylist(), st["wall_ns"].to_pylist()):
+            if f and "/dumps/" in f.replace("\\", "/") and (w is None or w < stop):
+                return True
+    limit = stop - int(DEFAULT_HANG_AFTER_S * 1e9)
+    ops = ctx.ops
+    if ops.num_rows:
+        import pyarrow.compute as pc
+
+        pend = ops.filter(pc.and_(ops["issued"], pc.invert(pc.fill_null(ops["completed"], False))))
+        walls = [w for w in pend["wall_enter"].to_pylist() if w is not None]
+        if walls and min(walls) <= limit:
+            return True
+    return False
+
+
+def _stop_without_hang(ctx: Context, candidates: list[Candidate]) -> Finding | None:
+    """A stop from outside with no hang seen before it: no culprit, the stop is the outcome."""
+    job = ctx.job
+    if not (job.traced and job.ended) or job.killed_on_hang or job.stopped_ns is None:
+        return None
+    if not any(c.primary for c in candidates) or hang_seen_before_stop(ctx, candidates):
+        return None
+    import datetime
+
+    at = datetime.datetime.fromtimestamp(job.stopped_ns / 1e9).strftime("%H:%M:%S")
+    sig = job.signal
+    return Finding("stopped_from_outside",
+                   f"the job was stopped from outside ({_signame(sig)} forwarded at about {at}) while it was making "
+                   "progress: no call had been open for long and no hang was reported before the stop, so the calls "
+                   "it cut are not a hang", (), 1.0,
+                   tuple(Evidence("meta", str(h.host_dir / "meta.json"), None, "exit.stopped_wall_ns")
+                         for h in ctx.inputs.hosts[:1]))
+
+
+def _signame(sig: int | None) -> str:
+    import signal as signal_mod
+
+    if not sig:
+        return "a signal"
+    try:
+        return signal_mod.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
