@@ -99,10 +99,10 @@ def collect(paths: list[Path], *, extra: frozenset[tuple[str, int]] = frozenset(
     `extra`: (channel, seq) of ops to keep even where the window of a host dir's own records would drop them
     (hostdir.needed_keys); `labels`: also what each rank ran before its window (hostdir.Window.prefixes); `rows`:
     records kept per rank (default: the run's budget, hostdir.rows_per_rank)."""
-    paths = archives.expand(paths)  # tar archives (a host dir packed where it ran) read as what they hold
-    readers = _load_readers()
+    paths, unpacked = archives.expand_noted(paths)  # tar archives (a host dir packed where it ran) read as what they
+    readers = _load_readers()                         # hold; `unpacked`: the bounds archives went past (#31)
     results: list[ReadResult] = []
-    skipped: list[Skipped] = []
+    skipped: list[Skipped] = list(unpacked)
     hosts: list[HostRun] = []
     files: list[Path] = []
     if rows is None:
@@ -473,7 +473,9 @@ def _fill_ranks(inputs: Inputs) -> None:
     from ranktrace.analyzers.readers.common.ranks import rank_from_name
 
     ev = inputs.events
-    known = ev.select(["host", "pid", "rank"]).filter(pc.is_valid(ev["rank"]))
+    # only rows that name their process: log lines without a pid would make (host, None) -> the highest rank any
+    # file saw, and every other unattributed line would then be pinned on that rank
+    known = ev.select(["host", "pid", "rank"]).filter(pc.and_(pc.is_valid(ev["rank"]), pc.is_valid(ev["pid"])))
     pid_rank: dict[tuple[Any, Any], int] = {}
     for row in known.group_by(["host", "pid"], use_threads=False).aggregate([("rank", "max")]).to_pylist():
         pid_rank[(row["host"], row["pid"])] = row["rank_max"]
@@ -485,7 +487,7 @@ def _fill_ranks(inputs: Inputs) -> None:
     by_name: dict[str, int | None] = {}
 
     def rank_of(host: Any, pid: Any, fname: Any) -> int | None:
-        r = pid_rank.get((host, pid))
+        r = pid_rank.get((host, pid)) if pid is not None else None
         if r is None and host is None and pid is not None:
             r = pid_only.get(pid)
         if r is None and fname:

@@ -44,13 +44,10 @@ def diagnose(ctx: Context) -> Verdict:
     job = ctx.job
     if job.traced and job.ended and job.exit_code == 0 and not job.signal and not job.killed_on_hang:
         primary = None  # a job that exited 0 did not hang; ops "in flight" at exit are NCCL/async bookkeeping
-    if primary is not None and primary.kind == "blocked_outside_collective" and _serving(ctx):
-        primary = None  # after "serving", a rank waiting for requests is idle, not hung
     cut = _cut_finding(ctx, primary)
     if cut is not None:
         primary = None  # a trace cut by killing trace run shows what was open then, never that it hung
-    findings: list[Finding] = list(decision.notes) + [f for c in candidates for f in c.findings
-                                                      if not decision.stopped_clean]
+    findings: list[Finding] = decision.findings(candidates)
     if cut is not None:
         findings.insert(0, cut)
     if job.traced and job.ended and job.interrupted:
@@ -121,14 +118,7 @@ def _sentence(s: str) -> str:
     return (s[0].upper() + s[1:] + ("" if s.endswith(".") else ".")) if s else s
 
 
-_SERVING_PROGRESS = frozenset({"requests", "batches", "running_requests"})
-
-
-def _serving(ctx: Context) -> bool:
-    """The server says it serves (a ready line, a serving phase) or its log shows requests being served."""
-    return any(p == "serving" for p in ctx.phases.values()) or any(
-        o["name"] == "server_ready" for o in ctx.observations("completion")) or any(
-        o["name"] in _SERVING_PROGRESS for o in ctx.observations("progress"))
+_serving = arbitration.serving
 
 
 def _status(ctx: Context, primary: Candidate | None) -> str:
@@ -205,6 +195,9 @@ def _no_primary(ctx: Context, status: str) -> tuple[str, str, list[str]]:
         return ("no_hang", "The job was interrupted (SIGINT) while nothing was pending: no hang was seen before it.",
                 [])
     if status == "stopped":
+        if _serving(ctx):
+            return ("no_hang", "The server was serving when it was stopped from outside (a scheduler, `timeout`, a "
+                    "person): no hang was seen before the stop, so nobody is blamed.", [])
         return ("no_hang", "The job was stopped from outside (a scheduler, `timeout`, a person) while it was making "
                 "progress: no hang was seen before the stop, so nobody is blamed.", [])
     if job.traced and job.state == "cut":

@@ -74,20 +74,42 @@ class Decision:
     primary: Candidate | None
     notes: list[Finding]
     stopped_clean: bool = False   # stopped from outside with no hang seen before the stop
+    set_aside: tuple[int, ...] = ()  # ids of candidates a veto removed: their findings would contradict the verdict
+
+    def findings(self, candidates: list[Candidate]) -> list[Finding]:
+        """The notes, then every finding of the candidates that were not set aside (none after a clean stop)."""
+        if self.stopped_clean:
+            return list(self.notes)
+        return list(self.notes) + [f for c in candidates if id(c) not in self.set_aside for f in c.findings]
+
+
+_SERVING_PROGRESS = frozenset({"requests", "batches", "running_requests"})
+
+
+def serving(ctx: Context) -> bool:
+    """The server says it serves (a ready line, a serving phase) or its log shows requests being served."""
+    return any(p == "serving" for p in ctx.phases.values()) or any(
+        o["name"] == "server_ready" for o in ctx.observations("completion")) or any(
+        o["name"] in _SERVING_PROGRESS for o in ctx.observations("progress"))
 
 
 def arbitrate(ctx: Context, candidates: list[Candidate]) -> Decision:
     notes: list[Finding] = []
-    stop = _stop_without_hang(ctx, candidates)
+    aside: list[int] = []
+    if serving(ctx):  # after "serving", a rank waiting for requests is idle, not hung
+        aside += [id(c) for c in candidates if c.kind == "blocked_outside_collective"]
+    live = [c for c in candidates if id(c) not in aside]
+    stop = _stop_without_hang(ctx, live)
     if stop is not None:
         notes.append(stop)
         return Decision(None, notes, stopped_clean=True)
     kept: list[tuple[int, int, Candidate]] = []
-    for order, c in enumerate(candidates):
+    for order, c in enumerate(live):
         if not c.primary:
             continue
         veto = _completion_veto(ctx, c) or _recording_end_veto(ctx, c) or _stacks_veto(ctx, c)
         if veto is not None:
+            aside.append(id(c))
             if not any(n.summary == veto.summary for n in notes):
                 notes.append(veto)
             continue
@@ -96,7 +118,7 @@ def arbitrate(ctx: Context, candidates: list[Candidate]) -> Decision:
             notes.append(note)
         kept.append((strength(c), order, c))
     if not kept:
-        return Decision(None, notes)
+        return Decision(None, notes, set_aside=tuple(aside))
     first = kept[0]
     best = max(kept, key=lambda k: (k[0], -k[1]))
     # A later rule overrides the rules' order only from a clearly stronger tier: our own records or hang-time stacks
@@ -104,7 +126,7 @@ def arbitrate(ctx: Context, candidates: list[Candidate]) -> Decision:
     # A candidate that cites no evidence at all keeps its place (a rule reading our own records directly).
     weaker = bool(_sources(first[2])) and first[0] + 2 <= best[0]
     primary = best[2] if weaker and best[0] >= STRENGTH["events"] else first[2]
-    return Decision(primary, notes)
+    return Decision(primary, notes, set_aside=tuple(aside))
 
 
 def _ranks_of(c: Candidate) -> set[int]:
@@ -229,6 +251,8 @@ def hang_seen_before_stop(ctx: Context, candidates: list[Candidate]) -> bool:
     stop = ctx.job.stopped_ns
     if stop is None:
         return True
+    if set(ctx.rank_exits) - set(ctx.exits_after_stop):
+        return True  # a rank ended on its own before the stop: that is what happened, not the stop
     st = ctx.inputs.stacks
     if st.num_rows:
         for f, w in zip(st["file"].to_pylist(), st["wall_ns"].to_pylist()):
@@ -251,8 +275,11 @@ def _stop_without_hang(ctx: Context, candidates: list[Candidate]) -> Finding | N
     job = ctx.job
     if not (job.traced and job.ended) or job.killed_on_hang or job.stopped_ns is None:
         return None
-    if not any(c.primary for c in candidates) or hang_seen_before_stop(ctx, candidates):
+    # nothing any rule would call a hang: the stop is the whole story; else it must not have been seen before it
+    if any(c.primary for c in candidates) and hang_seen_before_stop(ctx, candidates):
         return None
+    if set(ctx.rank_exits) - set(ctx.exits_after_stop):
+        return None  # a rank ended on its own before the stop: that is what happened, not the stop
     import datetime
 
     at = datetime.datetime.fromtimestamp(job.stopped_ns / 1e9).strftime("%H:%M:%S")
