@@ -120,6 +120,42 @@ def test_a_profile_file_of_ones_own_is_used_and_hook_adds_to_it(tmp_path: Path):
     assert meta(tmp_path / "r")["profile"]["names"] == ["mine"]
 
 
+def test_a_phase_target_covers_the_subclass_override_that_actually_runs(tmp_path: Path):
+    """vLLM's CPUWorker / CPUModelRunner override gpu_worker's / GPUModelRunner's methods: the override is what runs,
+    so a target named on the base class records the override's call — a subclass defined before the patch and one
+    defined after it (the CPU worker's module imports the GPU one, then subclasses it) — once, even when the override
+    calls super()."""
+    (tmp_path / "gpu_like.py").write_text(
+        "class Worker:\n"
+        "    def load_model(self):\n        return 'base'\n"
+        "class EarlySub(Worker):\n"
+        "    def load_model(self):\n        return 'early'\n")
+    (tmp_path / "cpu_like.py").write_text(
+        "import gpu_like\n"
+        "class CPUWorker(gpu_like.Worker):\n"
+        "    def load_model(self):\n        return 'cpu+' + super().load_model()\n"
+        "class Plain(gpu_like.Worker):\n    pass\n")
+    (tmp_path / "main.py").write_text(
+        "import cpu_like, gpu_like\n"
+        "assert cpu_like.CPUWorker().load_model() == 'cpu+base'\n"
+        "assert gpu_like.EarlySub().load_model() == 'early'\n"
+        "assert cpu_like.Plain().load_model() == 'base'\n"
+        "assert cpu_like.CPUWorker.load_model.__name__ == 'load_model'\n"
+        "import torch.distributed\n")
+    prof = tmp_path / "p.toml"
+    prof.write_text('[profile]\nname = "mine"\n\n[[target]]\nrole = "phase"\nname = "weight_loading"\n'
+                    'targets = ["gpu_like:Worker.load_model"]\n')
+    from tests.helpers import events, trace_env
+
+    env = trace_env(PYTHONPATH=f"{tmp_path}:{trace_env()['PYTHONPATH']}", RANK="0", WORLD_SIZE="1")
+    res = run_trace(["run", "-o", str(tmp_path / "r"), "--no-analyze", "--profile", str(prof), "--", PY,
+                     str(tmp_path / "main.py")], env=env, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = [r for r in events(tmp_path / "r").to_pylist() if r["name"] == "weight_loading"]
+    # three calls (CPUWorker's override with its super() inside it, EarlySub's, Plain's inherited one): three spans
+    assert [r["kind"] for r in rows] == ["enter", "exit"] * 3, [(r["kind"], r["line"]) for r in rows]
+
+
 # --- in-rank semantics -------------------------------------------------------------------------------------------
 def test_a_contextmanager_target_spans_the_with_block_and_passes_everything_through(tmp_path: Path):
     from ranktrace.tracer.rank.wrap_user import make_user_wrapper

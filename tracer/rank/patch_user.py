@@ -15,6 +15,7 @@ import inspect
 import json
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -284,6 +285,68 @@ class UserHooks:
             self.problem("setproctitle:setproctitle", f"could not patch ({type(e).__name__}: {e})")
 
 
+def _func_of(member: Any) -> Any:
+    return member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
+
+
+def _ours(member: Any) -> bool:
+    return bool(getattr(member, "__ranktrace__", False) or getattr(getattr(member, "__func__", None), "__ranktrace__",
+                                                                   False))
+
+
+_OVERRIDES = "__ranktrace_overrides__"
+
+
+def _cover_overrides(owner: type, attr: str, wrapped: Callable[[Any], Any]) -> None:
+    """Wrap `attr` where a subclass of `owner` defines its own: now in every subclass there is, and in each one
+    created later (an `__init_subclass__` on `owner` that first does what the class did before). A class that takes
+    no attributes (a C type) is left as it is."""
+    def cover(cls: type) -> None:
+        member = cls.__dict__.get(attr)
+        if member is not None and not _ours(member) and callable(_func_of(member)) and not isinstance(member, type):
+            try:
+                setattr(cls, attr, wrapped(member))
+            except (TypeError, AttributeError):
+                pass
+
+    seen: set[int] = set()
+    todo = list(owner.__subclasses__())
+    while todo:
+        sub = todo.pop()
+        if id(sub) in seen:
+            continue
+        seen.add(id(sub))
+        cover(sub)
+        todo.extend(sub.__subclasses__())
+    registry = owner.__dict__.get(_OVERRIDES)
+    if registry is not None:
+        registry.append((attr, wrapped))
+        return
+    registry = [(attr, wrapped)]
+    prev = owner.__dict__.get("__init_subclass__")
+
+    def __init_subclass__(cls: type, **kwargs: Any) -> None:
+        if prev is None:
+            super(owner, cls).__init_subclass__(**kwargs)  # type: ignore[misc]
+        elif isinstance(prev, classmethod):
+            prev.__func__(cls, **kwargs)
+        else:
+            prev.__get__(None, cls)(**kwargs)
+        for name, wrap in registry:
+            member = cls.__dict__.get(name)
+            if member is not None and not _ours(member) and callable(_func_of(member)) and not isinstance(member, type):
+                try:
+                    setattr(cls, name, wrap(member))
+                except (TypeError, AttributeError):
+                    pass
+
+    try:
+        setattr(owner, _OVERRIDES, registry)
+        owner.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment]
+    except (TypeError, AttributeError):
+        pass
+
+
 class _Unresolved(Exception):
     """The target does not name a function or method (yet)."""
 
@@ -299,11 +362,14 @@ def _patch_target(st: TraceState, t: Target, alt: tuple[str, str], module: Any) 
             raise _Unresolved(f"{'.'.join(parts[:i + 1])!r} not found in module {mod_name!r}") from None
     attr = parts[-1]
 
+    # one per target: a subclass override that calls super() records once, as the outermost call
+    family = threading.local() if isinstance(owner, type) and t.category not in (None, "collective") else None
+
     def make(fn: Callable[..., Any], bound: bool) -> Callable[..., Any]:
         if t.category is None:
             return make_identity_wrapper(st, t.origin, dict(t.identity), fn)
         return make_user_wrapper(st, t.key if t.from_hook else f"{mod_name}:{qualname}", qualname, t.category, fn,
-                                 bound, name=t.name, detail=t.detail, comm=t.comm)
+                                 bound, name=t.name, detail=t.detail, comm=t.comm, family=family)
 
     if isinstance(owner, type):
         raw = None
@@ -313,20 +379,29 @@ def _patch_target(st: TraceState, t: Target, alt: tuple[str, str], module: Any) 
                 break
         if raw is None:
             raise _Unresolved(f"class {owner.__qualname__!r} has no attribute {attr!r}")
-        if getattr(raw, "__ranktrace__", False) or getattr(getattr(raw, "__func__", None), "__ranktrace__", False):
+        if _ours(raw):
             return "done"
-        if isinstance(raw, staticmethod):
-            setattr(owner, attr, staticmethod(make(raw.__func__, False)))
-            return "staticmethod"
-        if isinstance(raw, classmethod):
-            setattr(owner, attr, classmethod(make(raw.__func__, True)))
-            return "classmethod"
-        if isinstance(raw, property) or not callable(raw):
+        if isinstance(raw, property) or not callable(_func_of(raw)):
             raise _Unresolved(f"{qualname!r} is a {type(raw).__name__}, not a function or method")
         if isinstance(raw, type):
             raise _Unresolved(f"{qualname!r} is a class: name one of its methods")
-        setattr(owner, attr, make(raw, True))
-        return "method"
+
+        def wrapped(member: Any) -> Any:
+            if isinstance(member, staticmethod):
+                return staticmethod(make(member.__func__, False))
+            if isinstance(member, classmethod):
+                return classmethod(make(member.__func__, True))
+            return make(member, True)
+
+        setattr(owner, attr, wrapped(raw))
+        if family is not None:
+            # the instance may be of a subclass that overrides the method (vLLM's CPUWorker and CPUModelRunner
+            # override gpu_worker.Worker's and GPUModelRunner's): its override is the method that runs, so it is
+            # wrapped too — in subclasses defined already and, through __init_subclass__, in those defined later.
+            # Collective targets are not followed (their seq is counted per wrapper: two would misalign ranks).
+            _cover_overrides(owner, attr, wrapped)
+        return "staticmethod" if isinstance(raw, staticmethod) else "classmethod" if isinstance(
+            raw, classmethod) else "method"
     try:
         fn = inspect.getattr_static(owner, attr)
     except AttributeError:

@@ -87,7 +87,7 @@ def _detail_of(fn: Callable[..., Any], names: tuple[str, ...]) -> Callable[[tupl
 
 def make_user_wrapper(st: TraceState, spec: str, qualname: str, category: str, orig: Callable[..., Any],
                       bound: bool, *, name: str | None = None, detail: tuple[str, ...] = (), comm: str | None = None,
-                      group_desc: str | None = None) -> Callable[..., Any]:
+                      group_desc: str | None = None, family: Any = None) -> Callable[..., Any]:
     """A profile or --hook target.
 
     collective: op records named `name` with group = "hook:<qualname>#<k>" where k is the k-th distinct bound object
@@ -98,6 +98,8 @@ def make_user_wrapper(st: TraceState, spec: str, qualname: str, category: str, o
     phase / init / graph: enter/exit in the meta region (never evicted) with the detail argument (``bs=64``);
     user / sync: op records in that category.
     The depth guard is left open inside: torch.distributed calls the target makes are recorded as its children.
+    `family` (a threading.local shared by a method's wrapper and its subclass overrides' wrappers): a call made
+    while another member of the family runs on this thread (an override calling super()) is not recorded again.
     """
     shown = name or qualname
     desc = group_desc or comm
@@ -127,7 +129,7 @@ def make_user_wrapper(st: TraceState, spec: str, qualname: str, category: str, o
                 unwound(e_)
                 raise
 
-        return finish_wrapper(meta_hook, orig)
+        return finish_wrapper(_in_family(meta_hook, orig, family), orig)
     cat = CAT[category]
     group_of = _bound_group_of(st, spec, qualname, bound, desc) if cat == C_COLL else None
 
@@ -140,7 +142,24 @@ def make_user_wrapper(st: TraceState, spec: str, qualname: str, category: str, o
             unwound(e_)
             raise
 
-    return finish_wrapper(user_hook, orig)
+    return finish_wrapper(_in_family(user_hook, orig, family), orig)
+
+
+def _in_family(hook: Callable[..., Any], orig: Callable[..., Any], family: Any) -> Callable[..., Any]:
+    """`hook` unless a member of `family` already runs on this thread (then the call is the target alone)."""
+    if family is None:
+        return hook
+
+    def family_hook(*args: Any, **kwargs: Any) -> Any:
+        if getattr(family, "inside", False):
+            return orig(*args, **kwargs)
+        family.inside = True
+        try:
+            return hook(*args, **kwargs)
+        finally:
+            family.inside = False
+
+    return family_hook
 
 
 def _extra(detail_of: Callable[[tuple, dict], str | None] | None, args: tuple, kwargs: dict) -> dict[str, Any] | None:
