@@ -10,7 +10,7 @@ from typing import Callable, TypeVar
 
 from ranktrace.analyzers import schema
 from ranktrace.analyzers.readers.base import ColumnMap, ReaderError, ReadResult
-from ranktrace.analyzers.readers.nsys import events, observations
+from ranktrace.analyzers.readers.nsys import events, export, observations
 from ranktrace.analyzers.readers.nsys.decode import (NO_COMPLETION, NVTX_TOKENS, OPEN_AT_END, OPENED_BEFORE,
                                                      decode_global_tid, parse_nccl_kernel_name)
 from ranktrace.analyzers.readers.nsys.export import (BATCH_ROWS, SQLITE_MAGIC, Export, check_file, connect,
@@ -211,6 +211,9 @@ def _read_export(ex: Export) -> ReadResult:
     obs = observations.fill_identity(schema.concat(schema.OBSERVATIONS, ex.obs_tables), pid_rank, pid_world)
     if ex.failed and not evs.num_rows and not obs.num_rows:
         what, err = ex.failed[0]
+        if ex.budget_said:
+            raise ReaderError(ex.path, f"SQLite queries stopped after {export.SQLITE_BUDGET_S:.0f} s (the time bound "
+                                       f"per file: a view or query that does not end, first in: {what}); nothing read")
         raise ReaderError(ex.path, unreadable(err, ex.truncated) + f" (first failure: {what})")
     world = next(iter(ex.world_hints)) if len(ex.world_hints) == 1 else None
     return ReadResult(file=ex.file, format=FORMAT, version=version, events=evs, observations=obs,
@@ -224,6 +227,13 @@ def _stage(ex: Export, what: str, fn: Callable[[Export], _T]) -> _T | None:
         if isinstance(e, sqlite3.OperationalError) and is_lock_error(e):
             raise
         ex.failed.append((what, e))
+        if export.over_budget(ex.conn):
+            if not ex.budget_said:  # one line for the file, not one per stage
+                ex.budget_said = True
+                ex.skip(f"SQLite queries stopped after {export.SQLITE_BUDGET_S:.0f} s (the time bound per file: a "
+                        f"view or query that does not end); {what} and later stages not read, what came before is "
+                        f"used")
+            return None
         cause = "the file is truncated" if ex.truncated else "corrupt export?"
         ex.skip(f"{what}: not read or only partly ({e}; {cause}); the rest of the export is used")
         return None

@@ -7,6 +7,7 @@ import bisect
 import re
 import sqlite3
 import struct
+import time
 import urllib.parse
 from collections import defaultdict
 from dataclasses import dataclass
@@ -19,11 +20,16 @@ from ranktrace.analyzers import schema
 from ranktrace.analyzers.readers.base import ReaderError, Skipped
 from ranktrace.analyzers.readers.nsys.decode import SOURCE
 
-__all__ = ["BATCH_ROWS", "SQLITE_MAGIC", "is_lock_error", "unreadable", "check_file", "connect", "looks_like_nsys",
+__all__ = ["BATCH_ROWS", "SQLITE_MAGIC", "SQLITE_BUDGET_S", "over_budget", "is_lock_error", "unreadable", "check_file", "connect", "looks_like_nsys",
            "OpRange", "Export"]
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 _LOCK_TIMEOUT_S = 0.5
+# The SQLite work one file may cost (docs/SAFETY.md): a view that never ends (a recursive CTE in a 12 KB file) would
+# hold the analysis forever. Every query of a connection runs under one deadline, checked every _PROGRESS_STEPS
+# virtual-machine steps; past it each query fails with "interrupted" and the stages say so (the rest is used).
+SQLITE_BUDGET_S = 300.0
+_PROGRESS_STEPS = 20_000
 
 
 def is_lock_error(e: sqlite3.Error) -> bool:
@@ -79,6 +85,9 @@ def connect(path: Path) -> sqlite3.Connection:
         conn = sqlite3.connect(uri, uri=True, timeout=_LOCK_TIMEOUT_S)
     except sqlite3.Error as e:
         raise ReaderError(path, f"cannot open as SQLite: {e}") from e
+    deadline = time.monotonic() + SQLITE_BUDGET_S
+    conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0, _PROGRESS_STEPS)
+    _deadlines[id(conn)] = deadline
     try:
         with path.open("rb") as fh:
             header = fh.read(100)
@@ -87,6 +96,15 @@ def connect(path: Path) -> sqlite3.Connection:
     except (OSError, sqlite3.Error):
         pass
     return conn
+
+
+_deadlines: dict[int, float] = {}
+
+
+def over_budget(conn: sqlite3.Connection) -> bool:
+    """The connection's time bound (SQLITE_BUDGET_S) has passed: its queries are interrupted from here on."""
+    d = _deadlines.get(id(conn))
+    return d is not None and time.monotonic() > d
 
 
 def looks_like_nsys(names: set[str]) -> bool:
@@ -128,6 +146,7 @@ class Export:
         self.host: str | None = None
         self.clock: tuple[int, int] | None = None  # (utcEpochNs, systemClockNs)
         self.normalized = False
+        self.budget_said = False   # the time bound's line was said (nsys._stage)
         self.domains: dict[tuple[int, int], str] = {}
         self.op_ranges: dict[tuple[int, int], list[OpRange]] = defaultdict(list)
         self.op_starts: dict[tuple[int, int], list[int]] = {}
