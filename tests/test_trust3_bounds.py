@@ -146,6 +146,15 @@ def test_a_meta_json_nested_100k_deep_is_one_line_naming_it(tmp_path: Path):
     assert "meta.json" in res.stdout and "recursion" in res.stdout
 
 
+def test_a_kineto_trace_nested_100k_deep_is_one_line_naming_the_bound(tmp_path: Path):
+    deep = tmp_path / "rank0.trace.json"
+    deep.write_text('{"traceEvents": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    a = facade.analyze([deep, GOOD_LOG], liveness=None)
+    (line,) = _reasons(a, deep.name)
+    assert "nested deeper than the parser's bound" in line and "RecursionError" not in line
+    assert GOOD_LOG.name in _used(a)
+
+
 def _endless_sqlite(path: Path) -> None:
     c = sqlite3.connect(path)
     c.executescript("""

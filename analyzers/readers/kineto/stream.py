@@ -5,6 +5,7 @@ from __future__ import annotations
 import codecs
 import json
 import re
+import sys
 import zlib
 from typing import IO, Any, Iterator
 
@@ -140,6 +141,9 @@ class JsonStream:
         while True:
             try:
                 value, end = self.decoder.raw_decode(self.buf, self.pos)
+            except RecursionError:  # [[[[... 100k deep: one line naming the bound, never "a ranktrace bug"
+                raise NotJson(f"a JSON value nested deeper than the parser's bound ({sys.getrecursionlimit()} "
+                              "levels): corrupt, or not a trace", self.consumed + self.pos) from None
             except json.JSONDecodeError as e:
                 if len(self.buf) - self.pos > _MAX_VALUE_CHARS:
                     raise NotJson(f"one JSON value runs past {_MAX_VALUE_CHARS >> 20} MiB without ending ({e.msg}): "
