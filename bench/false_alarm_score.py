@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -112,6 +113,8 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if hasattr(signal, "SIGPIPE"):  # `... | head` ends quietly
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--root", type=Path, default=CORPUS)
     ap.add_argument("--subprocess", action="store_true", help="a fresh `trace analyze` process per case")
