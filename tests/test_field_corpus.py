@@ -45,8 +45,9 @@ def brief(v: dict) -> tuple:
     ("sglang-4096", ("crashed", "init_hang", "barrier", [])),
     # a rank killed first (torchelastic), the others torn down after it
     ("rlhfv-11", ("crashed", "rank_exited", None, [0])),
-    # a barrier (1-element all_reduce) timed out on ranks 1-3 while rank 0 still tokenizes
-    ("llamafactory-2424", ("crashed", "missing_ranks", "all_reduce", [0])),
+    # a barrier (1-element all_reduce) timed out on ranks 1-3 while rank 0 still tokenizes; rank 0 appears nowhere in
+    # the log, so it is named as the likely one in the sentence and never made a culprit (no input witnesses it)
+    ("llamafactory-2424", ("crashed", "missing_ranks", "all_reduce", [])),
     # every reporting rank timed out in the same broadcast (torch 1.x wording, no SeqNum)
     ("accelerate-314", ("crashed", "stuck_in_collective", "broadcast", [])),
     # nccl-tests output that stops after its header: the warm-up collective never finished
@@ -90,11 +91,13 @@ def test_the_field_score_does_not_drop() -> None:
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, str(REPO / "bench" / "field_score.py"), "--inproc", "--min", "137"],
+    # 137 -> 134 when blame came to need a witness (#25): three barrier cases whose truth names rank 0, which no
+    # line of their input shows (alignmenthandbook-190, llamafactory-2424, nanotron-204), now name it a suspect only
+    res = subprocess.run([sys.executable, str(REPO / "bench" / "field_score.py"), "--inproc", "--min", "134"],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     alone = res.stdout.strip().splitlines()[-1]
-    assert "files alone: " in alone and int(alone.split("files alone: ")[1].split("/")[0]) >= 101, alone
+    assert "files alone: " in alone and int(alone.split("files alone: ")[1].split("/")[0]) >= 99, alone
 
 
 def test_an_unnamed_stuck_collective_renders() -> None:

@@ -56,7 +56,7 @@ def diagnose(ctx: Context) -> Verdict:
     findings.extend(_unknown_findings(ctx))
     findings.extend(_job_state_findings(ctx))
     findings.extend(_inferred_rank_findings(ctx))
-    status = "stopped" if decision.stopped_clean and not job.interrupted else _status(ctx, primary)
+    status = _stopped_status(ctx) if decision.stopped_clean else _status(ctx, primary)
     world = ctx.world
     unobserved = tuple(sorted(set(range(world)) - ctx.observed_ranks)) if world else ()
     if primary is None:
@@ -78,13 +78,22 @@ def diagnose(ctx: Context) -> Verdict:
         rank_space = rs_obs[0]["detail"]
     return Verdict(
         status=status, unobserved_ranks=unobserved, rank_space=rank_space, findings=tuple(findings),
-        ranks=_rank_table(ctx), world_size=world, stack_tree=_stack_tree(ctx), phases=tuple(ctx.ledger),
+        ranks=_rank_table(ctx, primary.culprits + primary.waiting if primary is not None else ()), world_size=world, stack_tree=_stack_tree(ctx), phases=tuple(ctx.ledger),
         inputs=tuple(sorted({str(h.host_dir) for h in inputs.hosts} | set(inputs.formats))),
         input_reads=tuple(InputSummary(r.file, r.recognised, r.ranks, r.lines_used, r.lines_total, r.note)
                           for r in inputs.reads),
         hosts=_hosts(ctx),
         **verdict_args,  # type: ignore[arg-type]
     )
+
+
+def _stopped_status(ctx: Context) -> str:
+    """A clean stop from outside: `interrupted` for a SIGINT (a Ctrl-C), `stopped` for any other signal or a
+    scheduler's cancel."""
+    if ctx.job.traced:
+        return "interrupted" if ctx.job.interrupted else "stopped"
+    sigs = {o["value"] for o in ctx.observations("stopped")}
+    return "interrupted" if sigs == {2} else "stopped"
 
 
 def _placed(summary: str, culprits: tuple[int, ...], ctx: Context) -> str:
@@ -194,6 +203,9 @@ def _no_primary(ctx: Context, status: str) -> tuple[str, str, list[str]]:
     if status == "interrupted":
         return ("no_hang", "The job was interrupted (SIGINT) while nothing was pending: no hang was seen before it.",
                 [])
+    if status == "stopped" and not job.traced:
+        return ("no_hang", "The job was stopped from outside (a signal to its launcher, a scheduler's cancel); "
+                "nothing before the stop shows a hang or a failure, so nobody is blamed.", [])
     if status == "stopped":
         if _serving(ctx):
             return ("no_hang", "The server was serving when it was stopped from outside (a scheduler, `timeout`, a "
@@ -229,8 +241,10 @@ def _no_primary(ctx: Context, status: str) -> tuple[str, str, list[str]]:
             ["Capture stacks while it is hung (`trace attach PID`, or py-spy dump) and analyze again."])
 
 
-def _rank_table(ctx: Context) -> dict[int, RankState]:
-    ranks = set(ctx.observed_ranks) | (set(range(ctx.world)) if ctx.world else set())
+def _rank_table(ctx: Context, named: tuple[int, ...] = ()) -> dict[int, RankState]:
+    """Every rank the inputs show, the world's, and every rank the verdict names (a culprit a stall inspector states
+    has a row, marked, even where no line of its own was posted)."""
+    ranks = set(ctx.observed_ranks) | (set(range(ctx.world)) if ctx.world else set()) | set(named)
     opens = ctx.open_by_rank()
     from ranktrace.analyzers.timeline import last_issued
 

@@ -241,8 +241,7 @@ def _witnessed(ctx: Context, c: Candidate) -> tuple[Candidate, Finding | None]:
 
 def _named_ranks(c: Candidate) -> set[int]:
     """Ranks a candidate's own evidence names (a stall inspector's "missing ranks: 1, 5" is a statement about 1, 5)."""
-    return {e.rank for f in c.findings for e in f.evidence if e.rank is not None} | {
-        r for f in c.findings for r in f.ranks if any(e.source not in ("meta", None) for e in f.evidence)}
+    return set(c.stated) | {e.rank for f in c.findings for e in f.evidence if e.rank is not None}
 
 
 def hang_seen_before_stop(ctx: Context, candidates: list[Candidate]) -> bool:
@@ -270,9 +269,48 @@ def hang_seen_before_stop(ctx: Context, candidates: list[Candidate]) -> bool:
     return False
 
 
+# exits and exceptions that a stop itself causes (the launcher's SIGTERM/SIGINT to its workers, Ctrl-C)
+_STOP_CONSEQUENCE = ("terminated_by=", "KeyboardInterrupt", "closing signal", "SIGINT", "SIGTERM", "SIGHUP")
+
+
+def _untraced_stop(ctx: Context, candidates: list[Candidate]) -> Finding | None:
+    """Files that show the job stopped from outside (a launcher's "Received 2 death signal", Slurm's "CANCELLED
+    AT"), with no candidate resting on anything said before that line and no rank failing on its own before it."""
+    if ctx.job.traced:
+        return None
+    stops = ctx.observations("stopped")
+    if not stops:
+        return None
+    stop = min(stops, key=lambda o: o["line"] or 0)
+    f, at = stop["file"], stop["line"] or 0
+
+    def before(file: str | None, line: int | None) -> bool:
+        return file != f or line is None or line < at
+
+    for c in candidates:
+        if c.primary and c.kind not in ("rank_exited", "blocked_outside_collective") and any(
+                before(e.file, e.line) for x in c.findings for e in x.evidence if e.source not in ("meta", "input")):
+            return None  # something looked hung before the stop: the stop does not explain it away
+    for kind in ("rank_exit", "exception", "transport_error", "py_fatal_error", "watchdog_stuck", "fingerprint"):
+        for o in ctx.observations(kind):
+            text = f"{o['name'] or ''} {o['detail'] or ''}"
+            if kind == "rank_exit" and o["name"] == "exit" and o["value"] == 0:
+                continue
+            if before(o["file"], o["line"]) and not any(k in text for k in _STOP_CONSEQUENCE):
+                return None  # a rank failed on its own before the stop
+    what = ("the scheduler cancelled it" if stop["name"] == "scheduler_cancel"
+            else f"its launcher received {_signame(stop['value'])}")
+    return Finding("stopped_from_outside",
+                   f"the job was stopped from outside ({what}); nothing before the stop shows a hang or a failure, and "
+                   "the exits after it are the stop's", (), 1.0,
+                   (Evidence(stop["source"] or "log", f, stop["line"], (stop["detail"] or "")[:200]),))
+
+
 def _stop_without_hang(ctx: Context, candidates: list[Candidate]) -> Finding | None:
     """A stop from outside with no hang seen before it: no culprit, the stop is the outcome."""
     job = ctx.job
+    if not job.traced:
+        return _untraced_stop(ctx, candidates)
     if not (job.traced and job.ended) or job.killed_on_hang or job.stopped_ns is None:
         return None
     # nothing any rule would call a hang: the stop is the whole story; else it must not have been seen before it

@@ -26,6 +26,8 @@ class Candidate:
     findings: list[Finding] = field(default_factory=list)
     next_steps: list[str] = field(default_factory=list)
     primary: bool = True   # False: findings only, never the verdict
+    stated: tuple[int, ...] = ()  # ranks an input names outright (a stall inspector's "missing ranks: 1, 5"):
+    #                               witnessed even where no line of theirs is in the input (diagnose.arbitrate)
 
 
 def ranks_text(ranks: "tuple[int, ...] | list[int] | set[int]") -> str:

@@ -44,7 +44,7 @@ def stated_missing(ctx: Context) -> list[Candidate]:
     if not rows:
         rows = _implied_by_joined(ctx)
     if not rows:
-        return []
+        return _joined_alone(ctx)
     by_key = _by_statement(rows)
     # the statement about the earliest op (a later one may only follow from it), then the one naming most ranks
     key = min(by_key, key=lambda k: (k[2] if k[2] is not None else 1 << 62, -len(by_key[k])))
@@ -71,7 +71,7 @@ def stated_missing(ctx: Context) -> list[Candidate]:
     kind = "rank_exited" if exited and exited >= set(missing) else "missing_ranks"
     steps = [f"See what {ranks_text(missing)} was doing instead of {name}: its own log lines, a stack dump "
              f"(py-spy dump --pid <pid>) or its exit status."]
-    return [Candidate(kind, summary, culprits=missing, waiting=waiting,
+    return [Candidate(kind, summary, culprits=missing, waiting=waiting, stated=tuple(missing),
                       operation=Operation(name=op, group=group, seq=seq) if op else None,
                       wait_for=tuple(WaitEdge(w, missing, op or "?", group, seq) for w in waiting),
                       findings=[Finding("missing_ranks", summary, missing, 0.9, _evidence(stated, "stated missing"))],
@@ -119,11 +119,39 @@ def _implied_by_joined(ctx: Context) -> list[dict[str, Any]]:
     out = []
     for (op, group, seq), rows in _by_statement(joined).items():
         have = {r["rank"] for r in rows}
+        if all(_speaks_for_itself(r) for r in rows):
+            # each rank says it arrived ("Rank 3 successfully reached monitoredBarrier"): a paste of some of those
+            # lines is no list of everyone who did (a coordinator's "ready ranks: 1, 2" is), so nothing is implied
+            continue
         top = (ctx.world or 0) - 1 if ctx.world else max(have)
         for m in sorted(set(range(top + 1)) - have):
             out.append({**rows[0], "rank": m, "kind": "missing_rank",
                         "detail": f"not among the ranks listed as ready; {rows[0]['detail'] or ''}"})
     return out
+
+
+def _speaks_for_itself(row: dict[str, Any]) -> bool:
+    m = _BY.search(row["detail"] or "")
+    return bool(m) and m.group(1) == str(row["rank"])
+
+
+def _joined_alone(ctx: Context) -> list[Candidate]:
+    """Ranks that each say they reached an op ("Rank 3 successfully reached monitoredBarrier, but received errors
+    ... from rank 0"), and nothing about who did not: some rank is missing, and the input does not say which."""
+    joined = [r for r in ctx.observations("joined_rank") if r["rank"] is not None]
+    if not joined:
+        return []
+    (op, group, seq), rows = max(_by_statement(joined).items(), key=lambda kv: len(kv[1]))
+    waiting = tuple(sorted({r["rank"] for r in rows}))
+    name = op or "a collective"
+    summary = (f"{ranks_text(waiting)} reached {name} and {'waits' if len(waiting) == 1 else 'wait'} for a rank that "
+               "did not; the input does not say which one")
+    steps = [f"Read the log of the rank that checks {name} (rank 0 for monitored_barrier): it names the rank that "
+             "failed to reach it."]
+    return [Candidate("missing_ranks", summary, waiting=waiting,
+                      operation=Operation(name=op, group=group, seq=seq) if op else None,
+                      findings=[Finding("missing_ranks", summary, waiting, 0.6, _evidence(rows, "reached"))],
+                      next_steps=steps)]
 
 
 def _by_statement(rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], list[dict[str, Any]]]:

@@ -42,8 +42,12 @@ def _culprits_of_barrier(ctx: Context, reporters: set[int], members: tuple[int, 
     if members and len(members) > len(reporters) and ctx.world:
         return tuple(sorted(set(members) - reporters)), "they are the members that reported no timeout"
     if reporters and 0 not in reporters:
-        return (0,), ("rank 0 reported no timeout while ranks above it did: the usual rank-0-only work "
-                      "(preprocessing, saving, evaluation) keeps it from the barrier")
+        why = ("rank 0 reported no timeout while ranks above it did: the usual rank-0-only work (preprocessing, "
+               "saving, evaluation) keeps it from the barrier")
+        if 0 in ctx.observed_ranks:
+            return (0,), why
+        # rank 0 is nowhere in the input: a likely suspect, said as such, never a culprit (no witness)
+        return (), why + "; but no input shows rank 0 at all, so it is a suspect, not a finding"
     return (), ""
 
 
@@ -60,13 +64,15 @@ def barrier_timeout(ctx: Context) -> list[Candidate]:
         members = ctx.graph.members.get(s.chan, ())
         culprits, why = _culprits_of_barrier(ctx, reporters, members)
         what = "barrier" if ref.name == "barrier" else f"1-element {ref.name} (a barrier)"
+        suspect = not culprits and "suspect" in why
         summary = (f"{ranks_text(sorted(reporters))} timed out in a {what} (seq {s.seq}): a barrier waits for a rank "
                    f"that never arrived" + (f"; {ranks_text(culprits)} is the one not reporting it" if culprits else
-                                              "; the lines do not say which rank that is"))
+                                              "; rank 0, which the input never shows, is the likely one" if suspect
+                                              else "; the lines do not say which rank that is"))
         ev = [op_evidence(o) for o in ops[:12]]
         steps = ["Find the rank that did not reach the barrier: the one whose log shows no timeout, or whose last "
                  "lines show other work (a progress bar, saving, evaluation); dump its stack (py-spy dump --pid)."]
-        if culprits == (0,):
+        if culprits == (0,) or suspect:
             steps.insert(0, "Rank 0 is likely busy with work only it does (dataset preprocessing, checkpoint saving, "
                             "evaluation) longer than the process-group timeout: raise the timeout "
                             "(init_process_group(timeout=...)) or move that work before init / onto every rank.")
@@ -77,7 +83,7 @@ def barrier_timeout(ctx: Context) -> list[Candidate]:
                              findings=[Finding("missing_ranks", summary, culprits or tuple(sorted(reporters)),
                                                0.6 if culprits else 0.5, tuple(ev)),
                                        Finding("why", why or "a barrier cannot hang in the transport by itself",
-                                               culprits, 0.5)],
+                                               culprits or ((0,) if suspect else ()), 0.5)],
                              next_steps=steps))
     return out[:1]
 

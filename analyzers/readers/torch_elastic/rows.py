@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ranktrace.analyzers.readers.common.torch_text import SIGNALS, clip, exit_kind
-from ranktrace.analyzers.readers.torch_elastic.scan import Exit, Finished, RankMap, RendezvousFailure
+from ranktrace.analyzers.readers.torch_elastic.scan import Exit, Finished, RankMap, RendezvousFailure, Stopped
 
 __all__ = ["build"]
 
@@ -43,6 +43,13 @@ def build(records: list[object], file: str, source: str, rdzv_timeout_s: int | N
             if k not in seen:
                 seen.add(k)
                 obs.append(dict(host=r.who.host, pid=r.who.pid, rank=None, kind="completion", name="exit_ok",
+                                detail=clip(r.text), source=source, file=file, line=r.line))
+        elif isinstance(r, Stopped):
+            k = ("stopped", r.who.host, r.signal)
+            if k not in seen:
+                seen.add(k)
+                obs.append(dict(host=r.who.host, pid=r.who.pid, rank=None, kind="stopped",
+                                name="scheduler_cancel" if r.signal is None else "signal", value=r.signal,
                                 detail=clip(r.text), source=source, file=file, line=r.line))
         elif isinstance(r, RendezvousFailure):
             k = ("rdzv", r.error, r.keep_alive)

@@ -12,7 +12,9 @@ from ranktrace.analyzers.readers.text import Line, TextDoc
 from ranktrace.analyzers.readers.common.torch_text import Speaker, speaker
 from ranktrace.analyzers.readers.torch_elastic.signatures import KEY, P
 
-__all__ = ["Exit", "Finished", "RendezvousFailure", "RankMap", "Scan", "scan"]
+SIGNAL_NUMBERS = {"SIGHUP": 1, "SIGINT": 2, "SIGQUIT": 3, "SIGTERM": 15, "SIGUSR1": 10, "SIGUSR2": 12}
+
+__all__ = ["Exit", "Finished", "Stopped", "RendezvousFailure", "RankMap", "Scan", "scan"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,16 @@ class Exit:
     host: str | None = None
     root_cause: bool = False
     text: str = ""
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """The job was stopped from outside: the launcher got a terminating signal, or the scheduler cancelled it."""
+
+    line: int
+    who: Speaker
+    signal: int | None             # 2 SIGINT, 15 SIGTERM, 1 SIGHUP; None: a scheduler's cancel
+    text: str
 
 
 @dataclass(frozen=True)
@@ -122,6 +134,14 @@ class _Scanner:
         m = P["finished_ok"].search(body)
         if m:
             self.add(Finished(no, who, body[m.start():]))
+        m = P["stop_signal"].search(body)
+        if m:
+            sig = m.group("sig")
+            num = int(sig) if sig.isdigit() else SIGNAL_NUMBERS.get(sig.rsplit(".", 1)[-1])
+            self.add(Stopped(no, who, num, body[m.start():].strip()))
+        m = P["slurm_cancel"].search(body)
+        if m:
+            self.add(Stopped(no, who, None, m.group(0)))
         m = P["keep_alive"].search(body)
         if m:
             self.add(RendezvousFailure(no, who, m.group("type"), m.group(0) + ".", keep_alive=True))
