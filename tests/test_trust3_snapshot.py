@@ -256,3 +256,36 @@ def test_verdict_files_are_never_written_through_a_planted_temporary_name(tmp_pa
     (run / f".verdict.json.{os.getpid()}.tmp").symlink_to(victim)
     facade._replace(run / "verdict.json", "{}\n")
     assert victim.read_text() == "precious\n" and (run / "verdict.json").read_text() == "{}\n"
+
+
+def test_an_nccl_ras_service_that_streams_forever_is_cut_in_size_and_time():
+    from ranktrace.tracer.watch import ras
+
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+
+    def serve() -> None:
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+
+            def stream(c: socket.socket = c) -> None:
+                try:
+                    c.sendall(b"SERVER PROTOCOL 2\nOK\nOK\n")
+                    chunk = b"x" * (1 << 20)
+                    while True:
+                        c.sendall(chunk)
+                except OSError:
+                    pass
+
+            threading.Thread(target=stream, daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    t0 = time.monotonic()
+    ans = ras.query("127.0.0.1", srv.getsockname()[1], deadline=time.monotonic() + 10.0)
+    assert time.monotonic() - t0 < 10.5
+    assert len(ans.text) <= ras.MAX_ANSWER and not ans.complete
+    srv.close()

@@ -71,6 +71,10 @@ class RasPoll:
         return self.summary.get("moved")
 
 
+MAX_LINE = 64 << 10       # one protocol line
+MAX_ANSWER = 16 << 20     # one STATUS answer (a few KB per communicator)
+
+
 def _readline(sock: socket.socket, deadline: float, buf: bytearray) -> str:
     while b"\n" not in buf:
         left = deadline - time.monotonic()
@@ -81,6 +85,8 @@ def _readline(sock: socket.socket, deadline: float, buf: bytearray) -> str:
         if not chunk:
             raise ConnectionError("RAS closed the connection")
         buf.extend(chunk)
+        if len(buf) > MAX_LINE:
+            raise ConnectionError(f"not an NCCL RAS service (a line of over {MAX_LINE >> 10} KiB)")
     line, _, rest = bytes(buf).partition(b"\n")
     buf[:] = rest
     return line.decode("utf-8", "replace").strip()
@@ -123,7 +129,9 @@ def query(host: str, port: int, *, deadline: float, peer_timeout_s: int = 1, wan
             if not chunk:
                 complete = True
                 break
-            out.extend(chunk)
+            out.extend(chunk[:MAX_ANSWER - len(out)])
+            if len(out) >= MAX_ANSWER:  # a service that streams forever: what came is kept, marked incomplete
+                break
     return RasAnswer(out.decode("utf-8", "replace"), fmt, time.time_ns(), time.monotonic() - t0, complete)
 
 
