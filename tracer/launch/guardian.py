@@ -227,6 +227,9 @@ def _end_job(job_pid: int, host_dir: Path, started_s: float) -> None:
 def main(argv: list[str]) -> int:
     ctl, rep, job_pid = int(argv[0]), int(argv[1]), int(argv[2])
     host_dir, started_s = Path(argv[3]), float(argv[4])
+    leader = pidident.stat(job_pid)  # the job started a moment before us: its processes count from then
+    if leader is not None:
+        started_s = min(started_s, leader.start_s)
     signal.pthread_sigmask(signal.SIG_BLOCK, WITNESSED)
     for s in (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGPIPE):
         signal.signal(s, signal.SIG_IGN)

@@ -39,6 +39,7 @@ from ranktrace.tracer.launch import output_log
 from ranktrace.tracer.launch import profiles
 from ranktrace.tracer.launch import runid
 from ranktrace.tracer.launch import sysfacts
+from ranktrace.tracer.launch import pidident
 from ranktrace.tracer.launch.guardian import Guardian, job_processes, job_targets
 from ranktrace.tracer.watch.monitor import Monitor, MonitorOptions
 from ranktrace.tracer.watch.presenter import Presenter
@@ -335,7 +336,8 @@ class _Job:
         self.term: JobTerminal | None = None
         self.guardian: Guardian | None = None
         self.host_dir: Path | None = None
-        self.started_s = _boot_s()
+        leader = pidident.stat(pgid)  # when the job started (the identity check of --on-hang kill counts from it)
+        self.started_s = min(_boot_s(), leader.start_s) if leader is not None else _boot_s()
         self.pending: list[tuple[int, int]] = []   # (signal, CLOCK_MONOTONIC ns) waiting for the guardian's word
         self.interrupted_ns: int | None = None     # wall clock of the first SIGINT (a person's Ctrl-C, a scheduler)
         self.stopped_ns: int | None = None         # wall clock of the first signal that ends a job (INT/TERM/HUP/QUIT)
