@@ -296,3 +296,31 @@ def test_a_pid_reused_since_the_ring_was_written_is_not_taken_for_a_rank(tmp_pat
             if p is not None:
                 p.kill()
                 p.wait()
+
+
+def test_a_rank_spinning_inside_an_open_collective_is_waiting_not_progressing(tmp_path: Path):
+    """vLLM's CPU all-reduce (torch.ops._C.shm_allreduce) and custom all-reduce on GPUs busy-wait inside the call:
+    the CPU runs, the stack stays put. An open collective span older than --hang-after with the same stack in every
+    quiet sample is a wait: the watchdog reports it and --on-hang kill ends it (a busy rank outside any collective
+    stays progress: test_long_compute_without_collectives_is_not_a_hang)."""
+    (tmp_path / "spincomm.py").write_text(
+        "class Comm:\n"
+        "    def all_reduce(self, x):\n"
+        "        if x == 2:\n"
+        "            while True:  # the peer never arrives: a busy-wait on a flag it would set\n"
+        "                pass\n"
+        "        return x\n")
+    (tmp_path / "main.py").write_text(
+        "import spincomm\nc = spincomm.Comm()\nc.all_reduce(1)\nc.all_reduce(2)\n")
+    env = trace_env(PYTHONPATH=f"{tmp_path}:{trace_env()['PYTHONPATH']}", RANK="0", WORLD_SIZE="1")
+    t0 = time.monotonic()
+    res = run_trace(["run", "-o", str(tmp_path / "r"), "--hang-after", "3", "--on-hang", "kill", "--hook",
+                     "spincomm:Comm.all_reduce=collective", "--", PY, str(tmp_path / "main.py")], env=env,
+                    cwd=tmp_path, timeout=90)
+    took = time.monotonic() - t0
+    assert res.returncode == 3, res.stderr[-3000:]
+    # the live line says where the rank sits: inside the hooked all_reduce, seq 2
+    assert re.search(r"\d+ s silent: rank 0 in Comm.all_reduce group hook:Comm.all_reduce#0 seq 2", res.stderr), \
+        res.stderr[-3000:]
+    assert "hang detected and the job terminated (--on-hang kill)" in res.stderr
+    assert took < 40, took

@@ -292,14 +292,28 @@ class Monitor:
         self._rounds[what] = start + self.ROUND
         return (pids[start:] + pids[:start])[:self.ROUND]
 
+    def waiting_in_op(self, pid: int) -> dict[int, str]:
+        """Native thread id -> the collective / p2p call (torch.distributed or a profile's framework collective) that
+        thread of `pid` has been inside for --hang-after or longer. Such a thread waits for its peers whatever its
+        CPU does: vLLM's CPU all-reduce (torch.ops._C.shm_allreduce) and custom all-reduce on GPUs busy-wait inside
+        the call."""
+        before = time.monotonic() - self.opts.hang_after
+        out: dict[int, str] = {}
+        for t in self.tails.values():
+            if t.pid == pid:
+                out.update(t.open_ops_since(before))
+        return out
+
     def _stack_progress(self, dumps: dict[int, Any]) -> bool:
-        """Running non-poller threads, or changed stacks, are progress."""
+        """Running non-poller threads, or changed stacks, are progress — except a thread that runs inside a call
+        open for --hang-after with the same stack as before: a spin-wait (only a changed stack moves it)."""
         from ranktrace.analyzers import hoststate
 
         moved = False
         for pid, d in dumps.items():
             if d.error is not None:
                 continue
+            spinning_in = self.waiting_in_op(pid)
             sig = []
             for t in d.threads:
                 name = t.get("thread_name") or ""
@@ -310,7 +324,11 @@ class Monitor:
                 # signature = (thread, state, the application's own frame): a poll loop inside a library (the
                 # store barrier in init, an event loop) jitters in line numbers but keeps all three
                 sig.append((name, state, hoststate.application_frame(frames)))
-                if t.get("active") and state == "running":
+                # a thread inside a long-open collective with the same stack spins in a wait: not progress
+                # (a dump without native thread ids: any such call of the process counts for all its threads)
+                tid = t.get("os_thread_id")
+                spins = bool(spinning_in) and (tid is None or tid in spinning_in)
+                if t.get("active") and state == "running" and not spins:
                     moved = True
             key = tuple(sig)
             prev = self.state.stacks.get(pid)
@@ -384,6 +402,8 @@ class Monitor:
     interactive: str | None = None
     #: the job's process group (set by the launcher): CPU its processes without a ring burn is progress
     job_pgid: int | None = None
+    #: the status of the last verdict the watchdog computed (None: none yet, or the analysis failed)
+    last_status: str | None = None
 
     def silent_for(self) -> float:
         return self.clock() - self.state.last_progress
@@ -454,6 +474,11 @@ class Monitor:
             except Exception as e:  # an extra capture must never stop the verdict or --on-hang
                 self.log(f"capture failed: {type(e).__name__}: {e}")
         picture = self.analyze(quiet)
+        if self.last_status == "idle":
+            # a server waiting for requests (the verdict says IDLE: nothing pending, ranks in their serving loop) is
+            # quiet by design: said once, never killed; progress (a request) re-arms the watchdog
+            self.log("idle: the job serves and waits for requests; not a hang (--on-hang is not acted on)")
+            return
         if self.opts.on_hang == "kill":
             self.hang_detected = True
             self.kill_requested = True
@@ -497,6 +522,7 @@ class Monitor:
         try:
             refreshed = facade.refresh_run(self.run_dir, live.liveness([self.run_dir]))
         except Exception as e:
+            self.last_status = None
             self.log(f"{quiet:.0f} s silent")
             self.log(f"analysis failed: {type(e).__name__}: {e}")
             return None
@@ -505,6 +531,7 @@ class Monitor:
         if refreshed.problem:  # disk full, run dir removed: said; the verdict is still printed and acted on
             self.log(refreshed.problem)
         v = refreshed.analysis.verdict
+        self.last_status = v.status
         picture = f"{v.kind}|{v.culprit_ranks}|{v.operation}"
         if picture != self.state.reported:
             self.state.reported = picture

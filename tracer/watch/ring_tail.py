@@ -17,7 +17,9 @@ from ranktrace.tracer.ringreader import slot_dtype
 __all__ = ["RingTail"]
 
 _ENTER = rf.KINDS.index("enter")
+_ENDS = (rf.KINDS.index("exit"), rf.KINDS.index("error"))
 _COLLECTIVE = rf.CATEGORIES.index("collective")
+_P2P = rf.CATEGORIES.index("p2p")
 
 
 @dataclass
@@ -41,6 +43,9 @@ class RingTail:
     open_steps: dict = field(default_factory=dict)  # span id -> name of open set-up steps (init / registration)
     exited: bool = False
     last_op: str | None = None
+    #: collective / p2p calls entered and not yet left (op slots: torch.distributed ops and a profile's framework
+    #: collectives alike): span id -> (op name, monotonic time this tail first saw it open, native thread id)
+    open_ops: dict = field(default_factory=dict)
     _hdr: tuple[int, int, int] | None = None   # meta_size, slot_size, slots
     _strings: dict[int, str] = field(default_factory=lambda: {0: ""})
     _meta_off: int = 0
@@ -194,6 +199,28 @@ class RingTail:
             self._decode(read_range(first, top - first), first, top)
             self.newest = top
 
+    def _open_ops(self, arr: Any, np: Any) -> None:
+        """Collective / p2p spans entered and not left: (open ∪ entered) − left (a call's exit always follows its
+        enter). A record lost to the ring's wrap only ever makes a span look closed, or open until its exit comes."""
+        import time
+
+        cat = arr["category"]
+        ops = arr[((cat == _COLLECTIVE) | (cat == _P2P)) & (arr["kind"] == _ENTER) & (arr["span_id"] != rf.NONE_I64)
+                  & (arr["span_id"] != 0)]
+        ended = set(arr["span_id"][np.isin(arr["kind"], _ENDS)].tolist())
+        now = time.monotonic()
+        for sid, name, tid in zip(ops["span_id"].tolist(), ops["name"].tolist(), ops["tid"].tolist()):
+            if sid not in ended:
+                self.open_ops[sid] = (self._strings.get(int(name), "?"), now, tid)
+        for sid in ended:
+            self.open_ops.pop(sid, None)
+
+    def open_ops_since(self, before: float) -> dict[int, str]:
+        """Native thread id -> op name of the collective / p2p calls open since `before` (monotonic) or earlier."""
+        if self.exited:
+            return {}
+        return {tid: name for name, seen, tid in self.open_ops.values() if seen <= before}
+
     def _decode(self, data: bytes, first: int, top: int) -> None:
         """Apply committed records with index in [first, top) found in `data` (slots from position first)."""
         import numpy as np
@@ -206,6 +233,7 @@ class RingTail:
         if not len(arr):
             return
         arr = arr[np.argsort(arr["commit"], kind="stable")]
+        self._open_ops(arr, np)
         enters = arr[arr["kind"] == _ENTER]
         if len(enters):
             self.last_op = self._strings.get(int(enters["name"][-1]), "?")
