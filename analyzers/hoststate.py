@@ -3,8 +3,14 @@
 States: ``host_sync_wait`` (waiting for the GPU: synchronize / item / tolist / cudaStreamSynchronize — on NCCL a
 rank hung in a collective usually sits *here*, since the collective call itself returned at enqueue),
 ``in_collective`` (blocked inside a collective call on the host, as gloo does), ``blocked_other`` (lock, queue,
-pipe, socket, store wait, sleep), ``idle_loop`` (an event loop polling for work), ``running``, ``exited``,
-``unknown``. Poller threads (NCCL watchdog/proxy, gloo runloop, zmq, our agent) never decide a rank's state.
+pipe, socket, store wait, sleep), ``idle_loop`` (an event loop polling for work, a serving worker waiting in its
+request queue), ``running``, ``stopped`` (/proc state T: SIGSTOP, Ctrl-Z, a debugger's stop — whatever its stack,
+the process does not run), ``uninterruptible`` (/proc state D while its stack says it runs: inside the kernel,
+unkillable until the call returns: storage, a driver), ``exited``, ``unknown``. Poller threads (NCCL
+watchdog/proxy, gloo runloop, zmq, our agent) never decide a rank's state.
+
+The /proc state comes with the stack: the watchdog's samples write ``stopped`` / ``uninterruptible`` as the thread
+state of a thread /proc shows as T / D when it is sampled (py-spy reads a stopped process's stack as usual).
 """
 from __future__ import annotations
 
@@ -14,10 +20,14 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["RankStack", "latest_stacks", "unranked_stacks", "classify", "is_poller", "application_frame", "without_tracer", "HOST_STATES"]
+__all__ = ["RankStack", "latest_stacks", "unranked_stacks", "classify", "is_poller", "application_frame", "without_tracer",
+           "HOST_STATES", "PROC_STATES"]
 
-HOST_STATES = ("in_init", "host_sync_wait", "in_collective", "blocked_other", "idle_loop", "running", "exited",
-               "unknown")
+HOST_STATES = ("in_init", "host_sync_wait", "in_collective", "blocked_other", "idle_loop", "running", "stopped",
+               "uninterruptible", "exited", "unknown")
+#: thread states (STACKS.thread_state) that come from /proc, not from the stack
+PROC_STATES = {"T": "stopped", "t": "stopped", "D": "uninterruptible"}
+_FROM_PROC = frozenset(PROC_STATES.values())
 
 _RULES: list[tuple[str, re.Pattern[str]]] = [
     ("in_init", re.compile(
@@ -35,7 +45,11 @@ _RULES: list[tuple[str, re.Pattern[str]]] = [
         r"P?MPI_\w+|ompi_coll_\w+|mca_(?:pml|coll)_\w+|horovod::\w+|"
         r"(?<=\()lib[rn]ccl\.so|"
         r"_coalescing_manager)\b|\((all_reduce|all_gather\w*|reduce_scatter\w*|broadcast|barrier|all_to_all\w*|"
-        r"send|recv|wait)\b")),
+        r"send|recv|wait)\b|"
+        # a serving framework's own communicator inside its collective (vLLM's CpuCommunicator / _CPUSHMDistributed
+        # .all_reduce -> torch.ops._C.shm_allreduce, CustomAllreduce.custom_all_reduce, PyNcclCommunicator.all_reduce)
+        r"\.\w*(?:all_?reduce|all_gather|reduce_scatter|all_to_all)\w* \((?:[\w/.-]*/)?(?:device_communicators|"
+        r"distributed)/")),
     ("idle_loop", re.compile(r"\b(event_loop\w*|_run_once|serve_forever|run_forever|recv_requests|uvicorn)\b")),
     ("blocked_other", re.compile(
         r"\b(get|put|wait|acquire|join|select|poll|epoll_wait|recv|recv_into|accept|read|readline|sleep|"
@@ -93,14 +107,45 @@ _OPAQUE = re.compile(r"^\?\? \(|^\?\?$|^<unknown function>|^0x[0-9a-f]+ \(")
 _NATIVE_LIB = re.compile(r"\((?:lib[\w+-]*\.so[\d.]*|[\w/.-]*/lib[\w+-]*\.so[\d.]*)\)$")
 
 
+#: a serving loop that waits for its next request: the loop's own frame right above the queue read it waits in
+#: (vLLM's WorkerProc.worker_busy_loop -> MessageQueue.dequeue -> SpinCondition.wait -> Poller.poll; an engine's
+#: run_busy_loop -> a queue get). A call the loop runs (an RPC that blocks) puts other frames between them.
+_SERVING_LOOP = re.compile(r"\b\w*(?:busy_loop|event_loop\w*|serve_forever|run_forever)\b")
+_QUEUE_READ = re.compile(r"\b(?:dequeue|recv\w*|get|get_nowait|poll|select|acquire_read|_recv_\w+)\b")
+
+
+def _waits_for_work(top: tuple[str, ...]) -> bool:
+    """The innermost serving-loop frame calls a queue read directly, and nothing above it is a collective, an init
+    step or a host sync (those keep their own state)."""
+    top = without_tracer(top)  # a profile's wrapper of the queue read sits between the loop and the read
+    for i, f in enumerate(top):
+        if _SERVING_LOOP.search(f.split(" (", 1)[0]):
+            return (i > 0 and bool(_QUEUE_READ.search(top[i - 1].split(" (", 1)[0]))
+                    and not any(pat.search(g) for _state, pat in _RULES[:3] for g in top[:i]))
+    return False
+
+
 def classify(frames: tuple[str, ...], thread_state: str | None = None) -> str:
-    """Host state of one thread from its innermost frames (unnamed driver/libc frames skipped)."""
+    """Host state of one thread from its innermost frames (unnamed driver/libc frames skipped); a /proc stop (T)
+    decides whatever the frames say, a /proc D only where the frames say the thread runs."""
+    if thread_state == "stopped":
+        return "stopped"
     top = tuple(f for f in frames[:64] if not _OPAQUE.match(f))[:12]
+    if _waits_for_work(top):
+        return "idle_loop"
+    state = _classify_frames(top, thread_state)
+    if thread_state == "uninterruptible" and state in ("running", "unknown"):
+        return "uninterruptible"
+    return state
+
+
+def _classify_frames(top: tuple[str, ...], thread_state: str | None) -> str:
+    frames = top
     for state, pat in _RULES:
         for f in top[:4] if state == "blocked_other" else top:
             if pat.search(f):
                 return state
-    if thread_state and thread_state.startswith("active"):
+    if thread_state and (thread_state.startswith("active") or thread_state == "uninterruptible"):
         return "running"
     if thread_state == "idle":
         return "blocked_other"
@@ -121,8 +166,14 @@ def latest_stacks(stacks: pa.Table, prefer: dict[int, int] | None = None) -> dic
         keep = [prefer.get(r) is None or (r, prefer[r]) not in have or p == prefer[r] for r, p in zip(ranks, pids)]
         st = st.filter(pa.array(keep, pa.bool_()))
     st = st.sort_by([("wall_ns", "ascending"), ("file", "ascending"), ("line", "ascending")])
-    rows = st.select(["rank", "pid", "thread_name", "thread_state", "frames", "native", "source", "file", "line",
-                      "snapshot"]).to_pylist()
+    rows = st.select(["rank", "pid", "tid", "thread_name", "thread_state", "frames", "native", "source", "file", "line",
+                      "snapshot", "wall_ns"]).to_pylist()
+    # the /proc state of each thread as last sampled (the watchdog's samples carry it; a py-spy file of the same
+    # moment does not): a thread stopped at its latest timed sample is stopped in the snapshot chosen below too
+    proc_now: dict[tuple, str | None] = {}
+    for r in rows:
+        if r["wall_ns"] is not None and r["pid"] is not None:
+            proc_now[(r["pid"], r["tid"])] = r["thread_state"] if r["thread_state"] in _FROM_PROC else None
     latest_snapshot: dict[int, tuple[str | None, str | None]] = {}
     for r in rows:  # burst files sort by their timestamped folder, so the last one seen is the latest
         latest_snapshot[r["rank"]] = (r["file"], r["snapshot"])
@@ -135,8 +186,11 @@ def latest_stacks(stacks: pa.Table, prefer: dict[int, int] | None = None) -> dic
         score = 3 if name == "MainThread" else (0 if _POLLERS.search(name) else 1)
         if r["native"]:
             score -= 0.5  # prefer Python frames when both exist
-        cand = RankStack(rank, r["pid"], r["thread_name"], r["thread_state"], tuple(r["frames"]), r["source"],
-                         r["file"], r["line"])
+        state = r["thread_state"]
+        if state not in _FROM_PROC and proc_now.get((r["pid"], r["tid"])):
+            state = proc_now[(r["pid"], r["tid"])]
+        cand = RankStack(rank, r["pid"], r["thread_name"], state, tuple(r["frames"]), r["source"], r["file"],
+                         r["line"])
         if rank not in best or score > best[rank][0]:
             best[rank] = (score, cand)
     return {rank: c for rank, (_s, c) in best.items()}

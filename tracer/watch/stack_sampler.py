@@ -128,6 +128,9 @@ class StackSampler:
         return sid
 
     def record(self, dumps: dict[int, StackDump], ranks: dict[int, int | None], trigger: str) -> None:
+        """One round of dumps into samples/stacks.arrows. A thread /proc shows stopped (T: SIGSTOP, Ctrl-Z) or in
+        uninterruptible sleep (D) as it is recorded gets that as its thread state (analyzers.hoststate.PROC_STATES):
+        py-spy reads a stopped process's stack as if it merely slept."""
         self._sample += 1
         self.samples_taken += 1
         seen_pids = set(dumps)
@@ -148,6 +151,7 @@ class StackSampler:
                 prev = self._last.get(key)
                 self._last[key] = sid
                 state = "active+gil" if t.get("owns_gil") else ("active" if t.get("active") else "idle")
+                state = proc_state(pid, t.get("os_thread_id")) or state
                 if self.log is not None:
                     self.log.add({"kind": "sample", "stack_id": sid, "sample_id": self._sample, "wall_ns": d.wall_ns,
                                   "t_ns": d.t_ns, "pid": pid, "tid": key[1] if key[1] >= 0 else None, "rank": rank,
@@ -155,3 +159,17 @@ class StackSampler:
                                   "changed": None if prev is None else prev != sid, "trigger": trigger})
         for key in [k for k in self._last if k[0] not in seen_pids and not os.path.exists(f"/proc/{k[0]}")]:
             del self._last[key]
+
+
+_PROC_STATES = {"T": "stopped", "t": "stopped", "D": "uninterruptible"}  # = analyzers.hoststate.PROC_STATES
+
+
+def proc_state(pid: int, tid: object) -> str | None:
+    """"stopped" / "uninterruptible" when /proc says the thread (its process, without a thread id) is T / D now."""
+    path = f"/proc/{pid}/task/{tid}/stat" if isinstance(tid, int) else f"/proc/{pid}/stat"
+    try:
+        with open(path, "rb") as f:
+            stat = f.read()
+        return _PROC_STATES.get(stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3].decode())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
