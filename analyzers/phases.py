@@ -39,11 +39,16 @@ class _Open:
     line: int | None
 
 
+#: the ledger's last phase: a span of it that holds other phases (vLLM's worker_busy_loop runs memory profiling, KV
+#: cache allocation and warm-up as requests of its loop) serves only once the last of them ended
+SERVING = "serving"
+
+
 def build_ledger(events: pa.Table, as_of_ns: int | None) -> list[PhaseEntry]:
     """Every phase of every rank, in start order."""
     if events.num_rows == 0:
         return []
-    out = _ring_phases(events, as_of_ns)
+    out = _serving_after_startup(_ring_phases(events, as_of_ns), as_of_ns, _server_serving(events))
     seen = {(p.rank, p.name) for p in out}
     out += [p for p in _log_phases(events, as_of_ns) if (p.rank, p.name) not in seen]
     out.sort(key=lambda p: (p.start_ns if p.start_ns is not None else 1 << 62, -1 if p.rank is None else p.rank))
@@ -90,6 +95,60 @@ def _ring_phases(events: pa.Table, as_of_ns: int | None) -> list[PhaseEntry]:
                 out.append(_entry(o, r["wall_ns"], as_of_ns, True, r["kind"] == "error"))
     out += [_entry(o, None, as_of_ns, False) for o in opened.values()]
     return out
+
+
+def _server_serving(events: pa.Table) -> list[int] | None:
+    """When the server said it serves (its log's serving marks of no rank: "Application startup complete", "Starting
+    vLLM server on"); [] when there is a server log that has not said so; None when there is no server log."""
+    marks = events.filter(pc.and_(pc.equal(events["kind"], "mark"), pc.equal(events["source"], "server_log")))
+    if marks.num_rows == 0:
+        return None
+    return sorted(r["wall_ns"] for r in marks.select(["rank", "name", "wall_ns"]).to_pylist()
+                  if r["name"] == "serving" and r["rank"] is None and r["wall_ns"] is not None)
+
+
+def _serving_after_startup(phases: list[PhaseEntry], as_of_ns: int | None,
+                           server_says: list[int] | None) -> list[PhaseEntry]:
+    """A rank's serving span (vLLM's worker_busy_loop: the loop that serves also runs the rest of the start-up as
+    its first requests — memory profiling, KV cache allocation, warm-up) begins when the start-up is over: its own
+    phases inside the span have ended, no rank is still in a start-up phase, and — where the server's log is read —
+    the server has said that it serves (from that moment, when it falls inside the span). Until then the rank is
+    not serving and its serving span is left out of the ledger."""
+    startup = [q for q in phases if q.name != SERVING]
+    if any(q.open and q.rank is not None for q in startup):  # some rank still starts up: nobody serves yet
+        return [p for p in phases if p.name != SERVING or p.rank is None]
+    out: list[PhaseEntry] = []
+    for p in phases:
+        if p.name != SERVING or p.start_ns is None or p.rank is None:
+            out.append(p)
+            continue
+        end_ns = _end(p)
+        inside = [q for q in startup if q.rank == p.rank and _within(q, p.start_ns, end_ns)]
+        begin = max([p.start_ns] + [_end(q) or p.start_ns for q in inside])
+        if server_says is not None:
+            said = [t for t in server_says if t >= p.start_ns and (end_ns is None or t <= end_ns)]
+            if not said and (inside or server_says == []):
+                continue  # the server has not said that it serves: start-up is not over
+            if said:
+                begin = max(begin, said[0])
+        if begin == p.start_ns:
+            out.append(p)
+            continue
+        stop = end_ns if end_ns is not None else as_of_ns
+        secs = None if stop is None else max(0.0, (stop - begin) / 1e9)
+        out.append(PhaseEntry(rank=p.rank, name=p.name, detail=p.detail, start_ns=begin, seconds=secs, open=p.open,
+                              source=p.source, file=p.file, line=p.line, failed=p.failed))
+    return out
+
+
+def _end(p: PhaseEntry) -> int | None:
+    if p.open or p.start_ns is None:
+        return None
+    return p.start_ns + int((p.seconds or 0) * 1e9)
+
+
+def _within(q: PhaseEntry, start: int, end: int | None) -> bool:
+    return q.start_ns is not None and q.start_ns >= start and (end is None or q.start_ns <= end)
 
 
 def _detail(d: str | None) -> str | None:

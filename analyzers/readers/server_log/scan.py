@@ -51,7 +51,9 @@ PHASES: tuple[Phase, ...] = (
     _p("load_weights_begin", "phase", r"Load weight begin", "sglang"),
     _p("load_weights_end", "phase", r"Load weight end", "sglang"),
     _p("load_weights_begin", "phase", r"Starting to load model", "vllm"),
-    _p("load_weights_end", "phase", r"Model loading took|Loading model weights took", "vllm"),
+    # vLLM >= 0.1x prints "Loading weights took 0.04 seconds" (model_loader/default_loader.py) as the weights are in,
+    # "Model loading took" (GPU model runner) after; the CPU model runner prints only the first
+    _p("load_weights_end", "phase", r"Model loading took|Loading model weights took|Loading weights took", "vllm"),
     _p("kv_cache_alloc", "phase", r"KV Cache is allocated|Memory pool end", "sglang"),
     _p("kv_cache_alloc", "phase", r"GPU KV cache size:|# (?:GPU|CUDA|cuda) blocks:", "vllm"),
     _p("cuda_graph_capture_begin", "graph", r"Capture (?:[\w-]+ ){0,3}graph begin", "sglang"),
@@ -63,7 +65,7 @@ PHASES: tuple[Phase, ...] = (
     # "CUDA error: operation not permitted when stream is capturing" / "Search for `cudaErrorStreamCaptureUnsupported'"
     _p("cuda_graph_capture_error", "graph", CAPTURE_ERROR, "any"),
     _p("serving", "phase", r"The server is fired up and ready to roll", "sglang"),
-    _p("serving", "phase", r"Uvicorn running on|Starting vLLM API server|Application startup complete", "any"),
+    _p("serving", "phase", r"Uvicorn running on|Starting vLLM (?:API )?server|Application startup complete", "any"),
 )
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\[[0-9;]{1,8}m(?=\S|\s)")
@@ -95,7 +97,7 @@ SNIFF_MARKERS = re.compile(
     r"fired up and ready to roll|server_args=ServerArgs\(|is assigned as DP rank|Starting to load model|"
     r"cudaErrorStreamCapture\w|operation not permitted when stream is capturing|"
     r"Registering \d+ cuda graph addresses|Initializing a V\d LLM engine|Initializing an LLM engine|"
-    r"vLLM API server|Graph capturing finished|KV Cache is allocated|Memory pool end|"
+    r"vLLM API server|Starting vLLM server on|Loading weights took|Graph capturing finished|KV Cache is allocated|Memory pool end|"
     r"\((?:VllmWorker|EngineCore|Worker|APIServer)[\w]*(?: rank=\d+)? pid=(?:\d+|\.\.\.)\)|"
     r"\[(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?: (?:DP|PP|TP|EP)\d+)+\]")
 # What starts a real log line (after an optional "container | " prefix): SGLang's "[date time ...]", vLLM's
