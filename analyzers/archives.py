@@ -29,7 +29,7 @@ from ranktrace.analyzers.readers.base import Skipped
 
 __all__ = ["expand", "expand_noted", "is_archive", "MAX_MEMBERS", "MAX_BYTES", "MAX_MEMBER_BYTES"]
 
-MAX_MEMBERS = 20_000           # members extracted from one archive
+MAX_MEMBERS = 10_000           # members extracted from one archive
 MAX_BYTES = 2 << 30            # bytes extracted (and read through) from one archive
 MAX_MEMBER_BYTES = 1 << 30     # one member larger than this is skipped
 _PREFIX = "ranktrace-unpack-"
@@ -138,7 +138,7 @@ def _members(tar: tarfile.TarFile, archive: Path, root: Path, budget: int, notes
 
 
 def _size(n: int) -> str:
-    return f"{n / (1 << 30):g} GiB" if n >= 1 << 30 else f"{n >> 20} MiB"
+    return (f"{n >> 30} GiB" if n % (1 << 30) == 0 else f"{n / (1 << 30):.1f} GiB") if n >= 1 << 30 else f"{n >> 20} MiB"
 
 
 _roots: list[Path] = []   # every directory unpacked into, removed at exit
