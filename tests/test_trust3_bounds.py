@@ -155,6 +155,25 @@ def test_a_kineto_trace_nested_100k_deep_is_one_line_naming_the_bound(tmp_path: 
     assert GOOD_LOG.name in _used(a)
 
 
+def test_a_dump_file_over_its_bound_is_not_read_whole(tmp_path: Path):
+    """A 300 MiB py-spy JSON took over 120 s and 7 GB (killed); now one line, the other inputs read. The file is
+    sparse: 300 MiB long, a few KB on disk."""
+    from ranktrace.analyzers.readers.base import MAX_FILE_BYTES
+
+    big = tmp_path / "pyspy-123.json"
+    with open(big, "wb") as f:
+        f.write(b'[{"pid": 123, "thread_id": 1, "thread_name": "MainThread", "owns_gil": false, "active": true, '
+                b'"frames": [{"name": "wait", "filename": "a.py", "short_filename": "a.py", "line": 3}]}')
+        f.write(b', {"pid": 123, "thread_id": 2, "frames": []}' * 2000 + b"]")
+        f.truncate(MAX_FILE_BYTES + (44 << 20))
+    t0 = time.monotonic()
+    a = facade.analyze([big, GOOD_LOG], liveness=None)
+    assert time.monotonic() - t0 < 30
+    (line,) = _reasons(a, big.name)
+    assert f"larger than {MAX_FILE_BYTES >> 20} MiB, the bound for one dump file: not read" in line
+    assert GOOD_LOG.name in _used(a)
+
+
 def _endless_sqlite(path: Path) -> None:
     c = sqlite3.connect(path)
     c.executescript("""

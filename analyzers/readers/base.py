@@ -5,6 +5,7 @@ families); a read returns a picklable ``ReadResult``, puts what it cannot use in
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,12 +67,21 @@ def empty_result(path: str | Path, fmt: str) -> ReadResult:
     return ReadResult(file=str(path), format=fmt)
 
 
+MAX_FILE_BYTES = 256 << 20  # a dump read whole (py-spy, Flight Recorder, faulthandler, gdb): docs/SAFETY.md
+
+
 def read_file_bytes(path: Path) -> bytes:
-    """The whole file, or ReaderError naming it (every small-file reader starts here)."""
+    """The whole file, or ReaderError naming it (every small-file reader starts here). A file over MAX_FILE_BYTES
+    is not read: one dump of that size is no dump (memory would grow with it)."""
     try:
-        return Path(path).read_bytes()
+        with open(path, "rb") as f:
+            big = os.fstat(f.fileno()).st_size > MAX_FILE_BYTES
+            data = b"" if big else f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise ReaderError(path, f"cannot open: {exc.strerror or exc}") from exc
+    if big or len(data) > MAX_FILE_BYTES:
+        raise ReaderError(path, f"larger than {MAX_FILE_BYTES >> 20} MiB, the bound for one dump file: not read")
+    return data
 
 
 def empty_file(path: str | Path, fmt: str, reason: str = "empty file") -> ReadResult:
