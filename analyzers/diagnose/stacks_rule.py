@@ -126,8 +126,11 @@ def anonymous_stacks(ctx: Context) -> list[Candidate]:
         return []
     from ranktrace.analyzers.hoststate import classify
 
-    states = [(s, classify(s.frames, s.thread_state)) for s in ctx.anon_stacks]
+    states = [(s, classify(s.frames, s.thread_state)) for s in _one_per_process(ctx.anon_stacks)]
     inside = [(s, c) for s, _st in states if (c := collective_in_stack(s.frames)) is not None]
+    if not inside and states and all(st == "running" and _importing(s.frames) or _launcher_join(s.frames)
+                                     for s, st in states) and any(_importing(s.frames) for s, _ in states):
+        return []  # processes importing their modules (and a launcher waiting for them): a start-up, not a hang
     n = len(states)
     who = "the dumped process" if n == 1 else f"{n} dumped processes"
     ev = tuple(stack_evidence(s, st) for s, st in states[:8])
@@ -169,3 +172,29 @@ def anonymous_stacks(ctx: Context) -> list[Candidate]:
                           next_steps=["The hang is in the application, not in communication: see what it waits for "
                                       f"({', '.join(places[:3]) or 'the innermost frames'})."])]
     return []
+
+
+def _one_per_process(stacks: list) -> list:
+    """One stack per dumped process (py-spy and the in-rank agent both answer a burst): the py-spy one, else the
+    first; stacks with no pid are each their own."""
+    best: dict[object, object] = {}
+    out = []
+    for st in stacks:
+        if st.pid is None:
+            out.append(st)
+            continue
+        have = best.get(st.pid)
+        if have is None or ((have.source or "") != "pyspy" and (st.source or "") == "pyspy"):
+            best[st.pid] = st
+    return out + list(best.values())
+
+
+def _importing(frames: tuple[str, ...]) -> bool:
+    """The process is executing a module's import (torch registering its ops, a model package loading)."""
+    return any("importlib._bootstrap" in f or "importlib/_bootstrap" in f for f in frames)
+
+
+def _launcher_join(frames: tuple[str, ...]) -> bool:
+    """A launcher waiting for its workers: torch.multiprocessing.spawn's join, torchrun's agent monitoring loop."""
+    return any("ProcessContext.join" in f or ("join (" in f and "multiprocessing/spawn.py" in f)
+               or "_invoke_run" in f for f in frames[:16])

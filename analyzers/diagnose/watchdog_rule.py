@@ -95,9 +95,15 @@ def reported_timeouts(ctx: Context) -> list[Candidate]:
     ev = ctx.events
     rows: list[dict[str, Any]] = []
     if ev.num_rows:
-        t = ev.filter(pc.and_(pc.equal(ev["kind"], "enter"),
-                              pc.invert(pc.is_in(ev["source"], value_set=pa.array(sorted(_OWN_SOURCES))))))
-        rows = [r for r in t.to_pylist() if r["category"] in ("collective", "p2p")]
+        foreign = ev.filter(pc.invert(pc.is_in(ev["source"], value_set=pa.array(sorted(_OWN_SOURCES)))))
+        t = foreign.filter(pc.equal(foreign["kind"], "enter"))
+        # a call its own record shows finished (an FR entry that retired or completed, a kernel with its end: the
+        # same file and record as the enter) is not in flight, whatever its neighbours
+        ends = foreign.filter(pc.is_in(foreign["kind"], value_set=pa.array(["complete", "exit"]))).select(
+            ["file", "line"]).to_pylist()
+        done = {(e["file"], e["line"]) for e in ends if e["line"] is not None}
+        rows = [r for r in t.to_pylist() if r["category"] in ("collective", "p2p")
+                and (r["line"] is None or (r["file"], r["line"]) not in done)]
     status = [o for o in ctx.observations("watchdog_pg_status")
               if "failed_seq=" in (o["detail"] or "") or o["name"] in ("failure", "exception", "timeout")]
     if not rows and not status:

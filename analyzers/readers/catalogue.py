@@ -12,6 +12,7 @@ from ranktrace.analyzers.readers.horovod import signatures as horovod_sig
 from ranktrace.analyzers.readers.nccl_tests import signatures as nccl_tests_sig
 from ranktrace.analyzers.readers.progress import signatures as progress_sig
 from ranktrace.analyzers.readers.ps_top import signatures as ps_top_sig
+from ranktrace.analyzers.readers.stop_signal import signatures as stop_signal_sig
 from ranktrace.analyzers.readers.text import TextDoc
 from ranktrace.analyzers.readers.torch_c10d.signatures import SIGNATURE as TORCH_C10D_SIGNATURE
 from ranktrace.analyzers.readers.torch_elastic.signatures import SIGNATURE as TORCH_ELASTIC_SIGNATURE
@@ -87,6 +88,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("ps_top", "ranktrace.analyzers.readers.ps_top", _rx(*ps_top_sig.CATALOGUE)),
     Family("env_versions", "ranktrace.analyzers.readers.env_versions", _rx(*env_versions_sig.CATALOGUE)),
     Family("progress", "ranktrace.analyzers.readers.progress", _rx(*progress_sig.CATALOGUE)),
+    Family("stop_signal", "ranktrace.analyzers.readers.stop_signal", _rx(*stop_signal_sig.CATALOGUE)),
     Family("torch_c10d", "ranktrace.analyzers.readers.torch_c10d", re.compile(TORCH_C10D_SIGNATURE)),
     Family("torch_elastic", "ranktrace.analyzers.readers.torch_elastic", re.compile(TORCH_ELASTIC_SIGNATURE)),
     Family("traceback", "ranktrace.analyzers.readers.traceback", re.compile(TRACEBACK_SIGNATURE)),

@@ -46,8 +46,8 @@ FIELD_MAP: tuple[ColumnMap, ...] = (
 OBSERVATION_KINDS: dict[str, str] = {
     "rank_exit": "a worker ended: exit code / signal / exception; detail pid, local_rank, root_cause, terminated_by",
     "completion": "exit_ok: the agent says its worker group finished",
-    "stopped": "signal (value = the signal the agent got: 'Received 2 death signal') | scheduler_cancel (Slurm's "
-               "'*** STEP ... CANCELLED AT'): the job was stopped from outside",
+    "stopped": "signal (value = the signal the agent got: 'Received 2 death signal'): the job was stopped from "
+               "outside",
     "init_failure": "rendezvous: the rendezvous did not complete",
     "transport_error": "connection_closed: a running agent lost the rendezvous store",
 }

@@ -48,8 +48,7 @@ def build(records: list[object], file: str, source: str, rdzv_timeout_s: int | N
             k = ("stopped", r.who.host, r.signal)
             if k not in seen:
                 seen.add(k)
-                obs.append(dict(host=r.who.host, pid=r.who.pid, rank=None, kind="stopped",
-                                name="scheduler_cancel" if r.signal is None else "signal", value=r.signal,
+                obs.append(dict(host=r.who.host, pid=r.who.pid, rank=None, kind="stopped", name="signal", value=r.signal,
                                 detail=clip(r.text), source=source, file=file, line=r.line))
         elif isinstance(r, RendezvousFailure):
             k = ("rdzv", r.error, r.keep_alive)

@@ -41,7 +41,7 @@ class Stopped:
 
     line: int
     who: Speaker
-    signal: int | None             # 2 SIGINT, 15 SIGTERM, 1 SIGHUP; None: a scheduler's cancel
+    signal: int | None             # 2 SIGINT, 15 SIGTERM, 1 SIGHUP
     text: str
 
 
@@ -139,9 +139,6 @@ class _Scanner:
             sig = m.group("sig")
             num = int(sig) if sig.isdigit() else SIGNAL_NUMBERS.get(sig.rsplit(".", 1)[-1])
             self.add(Stopped(no, who, num, body[m.start():].strip()))
-        m = P["slurm_cancel"].search(body)
-        if m:
-            self.add(Stopped(no, who, None, m.group(0)))
         m = P["keep_alive"].search(body)
         if m:
             self.add(RendezvousFailure(no, who, m.group("type"), m.group(0) + ".", keep_alive=True))

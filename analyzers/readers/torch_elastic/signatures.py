@@ -32,7 +32,6 @@ _KEYS = (
     r"\[\w{0,40}\] Rendezvous complete for workers", r"[\w:.]{0,80}sigkill_handler\]",
     r"\*\*\* SIG[A-Z]{2,8} received at time=",
     r"Received (?:\d{1,2}|Signals\.SIG[A-Z]{2,8}|SIG[A-Z]{2,8}) death signal",
-    r"\*\*\* (?:STEP|JOB) [\w.+]{1,40} ON \S{1,200} CANCELLED AT",
     r"(?:HW Exception|Memory access fault) by GPU node-\d{1,6} \(Agent handle",
 )
 # ... and a python logger's name ("torch.distributed.elastic.multiprocessing.api:") may sit right before it
@@ -67,11 +66,8 @@ P: dict[str, re.Pattern[str]] = {
     "table_end": _c(r"^\s{0,8}(?:={8,}|-{8,}|<NO_OTHER_FAILURES>)\s*$"),
     # the agent's end of a run
     # a stop from outside: torchelastic's agent got SIGINT/SIGTERM/SIGHUP ("Received 2 death signal, shutting down
-    # workers", elastic/agent/server/api.py; 2.x prints the number, 1.x "Signals.SIGTERM"), or Slurm cancelled the
-    # step (slurmstepd: "*** STEP 123.0 ON node CANCELLED AT 2024-01-01T00:00:00 ***", "... DUE TO TIME LIMIT ***")
+    # workers", elastic/agent/server/api.py; 2.x prints the number, 1.x "Signals.SIGTERM")
     "stop_signal": _c(r"Received (?P<sig>\d{1,2}|Signals\.SIG[A-Z]{2,8}|SIG[A-Z]{2,8}) death signal"),
-    "slurm_cancel": _c(r"\*\*\* (?P<what>STEP|JOB) (?P<id>[\w.+]{1,40}) ON (?P<node>\S{1,200}) CANCELLED AT "
-                       r"(?P<at>\S{1,40})(?P<limit> DUE TO TIME LIMIT)?"),
     "finished_ok": _c(r"(?:\[(?P<role>\w{0,40})\] worker group successfully finished|Local worker group finished "
                       r"\((?:WorkerState\.)?SUCCEEDED\))"),
     # "[default] Rendezvous complete for workers. Result:" then "  local_ranks=[0, 1]" "  global_ranks=[2, 3]"
