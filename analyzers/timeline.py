@@ -431,10 +431,15 @@ def open_enter_rows(events: pa.Table) -> np.ndarray:
     return enters[is_open]
 
 
+# marks recorded in the phase category that say what happened to the process, not which start-up step it is in
+_NOT_PHASES = frozenset({"process_exit"})
+
+
 def last_phase(events: pa.Table) -> dict[int, str]:
     """Latest phase mark per rank (server-log phases, --hook phase targets)."""
     ev = events.select(["rank", "name", "wall_ns", "t_ns"]).filter(
-        pc.and_(pc.equal(events["category"], "phase"), pc.is_valid(events["rank"])))
+        pc.and_(pc.and_(pc.equal(events["category"], "phase"), pc.is_valid(events["rank"])),
+                pc.invert(pc.is_in(events["name"], value_set=pa.array(sorted(_NOT_PHASES))))))
     if ev.num_rows == 0:
         return {}
     ev = ev.sort_by("wall_ns" if ev["wall_ns"].null_count < ev.num_rows else "t_ns")

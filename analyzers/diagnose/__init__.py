@@ -14,8 +14,9 @@ from ranktrace.analyzers.diagnose.blocked_rule import blocked_outside
 from ranktrace.analyzers.diagnose.candidate import Candidate, op_evidence, ranks_text
 from ranktrace.analyzers.diagnose.context import Context, build_context
 from ranktrace.analyzers.diagnose.graph_rule import graph_capture
+from ranktrace.analyzers.diagnose.host_wait_rule import cannot_run
 from ranktrace.analyzers.diagnose.init_rule import init_hang, nccl_init_hang
-from ranktrace.analyzers.diagnose.failure_rule import init_failure, rank_exit
+from ranktrace.analyzers.diagnose.failure_rule import init_failure, rank_exit, vanished_first
 from ranktrace.analyzers.diagnose.stacks_rule import anonymous_stacks, stacks_only
 from ranktrace.analyzers.diagnose.serving_rule import enqueued_then_sync, setup_step
 from ranktrace.analyzers.diagnose.startup_rule import startup_stall
@@ -28,8 +29,8 @@ from ranktrace.analyzers.verdict import Evidence, Finding, HostSummary, InputSum
 __all__ = ["RULES", "diagnose", "build_context"]
 
 Rule = Callable[[Context], list[Candidate]]
-RULES: list[Rule] = [init_hang, nccl_init_hang, enqueued_then_sync, setup_step, graph_capture, mismatch, stated_mismatch, stated_missing, waiting,
-                     init_failure, rank_exit, barrier_timeout, stuck, reported_timeouts, gloo_timeout, stacks_only, anonymous_stacks,
+RULES: list[Rule] = [cannot_run, init_hang, nccl_init_hang, enqueued_then_sync, setup_step, graph_capture, mismatch, stated_mismatch, stated_missing, waiting,
+                     init_failure, rank_exit, vanished_first, barrier_timeout, stuck, reported_timeouts, gloo_timeout, stacks_only, anonymous_stacks,
                      blocked_outside, startup_stall]
 
 
@@ -229,8 +230,11 @@ def _no_primary(ctx: Context, status: str) -> tuple[str, str, list[str]]:
         return "no_hang", "The inputs show the job finishing normally; nothing in them is left pending.", []
     if status == "crashed":
         code = f"signal {job.signal}" if job.signal else f"status {job.exit_code}"
-        return ("unknown", f"The job ended with {code}; no collective was left pending, so this is a crash, not a "
-                f"hang.", ["Read the job's stderr for the first exception or signal."])
+        what = _first_error(ctx)
+        return ("unknown", f"The job ended with {code}" + (f" after its own error ({what})" if what else "")
+                + "; no collective was left pending, so this is a crash, not a hang.",
+                ["Read the job's first exception" + (" (above)" if what else " or signal in its stderr")
+                 + ": later errors are consequences of it."])
     if job.traced and job.state == "gone":
         return ("unknown", "The run has no exit status and none of its processes is alive here: the trace is "
                 "incomplete (trace run was killed with its job).", [])

@@ -97,11 +97,13 @@ def arbitrate(ctx: Context, candidates: list[Candidate]) -> Decision:
     notes: list[Finding] = []
     aside: list[int] = []
     if serving(ctx):  # after "serving", a rank waiting for requests is idle, not hung
-        aside += [id(c) for c in candidates if c.kind == "blocked_outside_collective"]
+        aside += [id(c) for c in candidates if c.kind == "blocked_outside_collective" and not any(
+            ctx.host_states.get(r) in ("stopped", "uninterruptible") for r in c.culprits)]
     live = [c for c in candidates if id(c) not in aside]
     stop = _stop_without_hang(ctx, live)
     if stop is not None:
-        notes.append(stop)
+        if not (ctx.job.traced and ctx.job.interrupted):  # a Ctrl-C has its own finding (diagnose._interrupt_finding)
+            notes.append(stop)
         return Decision(None, notes, stopped_clean=True)
     kept: list[tuple[int, int, Candidate]] = []
     for order, c in enumerate(live):

@@ -18,7 +18,7 @@ from ranktrace.analyzers.diagnose.candidate import Candidate, ranks_text, stack_
 from ranktrace.analyzers.diagnose.context import Context
 from ranktrace.analyzers.verdict import Evidence, Finding, Operation
 
-__all__ = ["init_failure", "rank_exit", "CONSEQUENTIAL_SIGNALS"]
+__all__ = ["init_failure", "rank_exit", "vanished_first", "CONSEQUENTIAL_SIGNALS"]
 
 #: signals a launcher sends to the *other* ranks once one failed: consequences, never the cause
 CONSEQUENTIAL_SIGNALS = {15, 2, 1}   # SIGTERM, SIGINT, SIGHUP
@@ -171,3 +171,52 @@ def rank_exit(ctx: Context) -> list[Candidate]:
                       operation=Operation(name=op_name[0][0]) if op_name else None,
                       findings=[Finding("rank_exited", summary, culprits, 0.8, tuple(_evidence(root, "exited")))],
                       next_steps=steps)]
+
+
+#: a rank's process gone this long before any other rank's: it left first (two watchdog samples at least)
+VANISHED_GAP_NS = 3_000_000_000
+
+
+def vanished_first(ctx: Context) -> list[Candidate]:
+    """A rank whose process vanished without an exit record (SIGKILL, the OOM killer, a crash below Python) while the
+    others were still alive: the watchdog's process samples say when each was last seen, and the one gone first is
+    the one the rest of the job waited for or was torn down after."""
+    if not ctx.job.traced:
+        return []
+    last: dict[int, tuple[int, dict[str, Any]]] = {}
+    for o in ctx.observations("proc_memory"):
+        r, w = o["rank"], o["wall_ns"]
+        if r is None or w is None or r in ctx.rank_exits:
+            continue  # a rank that recorded its own exit is rank_exit's (and the stop's) to judge
+        if r not in last or w > last[r][0]:
+            last[r] = (w, o)
+    seen = {o["rank"]: o["wall_ns"] for o in ctx.observations("proc_memory") if o["rank"] is not None
+            and o["wall_ns"] is not None}
+    if len(seen) < 2 or not last:
+        return []
+    later = max(seen.values())
+    first_w = min(w for w, _ in last.values())
+    gone = sorted(r for r, (w, _) in last.items() if w - first_w < VANISHED_GAP_NS)
+    others = [w for r, w in seen.items() if r not in gone]
+    stop = ctx.job.stopped_ns
+    if not others or min(others) - first_w < VANISHED_GAP_NS or (stop is not None and first_w >= stop):
+        return []
+    if ctx.job.state == "running" and any(p in ctx.job.live_pids for r in gone for p in ctx.rank_pids.get(r, ())):
+        return []  # still alive: only its samples stopped
+    waiting = tuple(sorted(r for r in seen if r not in gone and ctx.host_states.get(r) in (
+        "blocked_other", "in_collective", "in_init", "idle_loop", "host_sync_wait")))
+    import datetime
+
+    at = datetime.datetime.fromtimestamp(first_w / 1e9).strftime("%H:%M:%S")
+    where_text = "; ".join(f"rank {r} in {where(ctx.stacks[r])}" for r in waiting if r in ctx.stacks
+                           and where(ctx.stacks[r]))
+    summary = (f"{ranks_text(gone)}'s process vanished at about {at} with no exit record (killed by a signal such as "
+               f"SIGKILL, the OOM killer, or a crash below Python) while {ranks_text(sorted(r for r in seen if r not in gone))} "
+               f"stayed alive {(later - first_w) / 1e9:.0f} s longer" + (f", waiting ({where_text})" if where_text else ""))
+    ev = [Evidence("proc", o["file"], None, f"last sampled alive at {at}: {o['name']} pid {o['pid']}", r)
+          for r, (_w, o) in sorted(last.items()) if r in gone]
+    ev += [stack_evidence(ctx.stacks[r], ctx.host_states.get(r, "unknown")) for r in waiting if r in ctx.stacks][:4]
+    steps = [f"Find what ended {ranks_text(gone)}: `dmesg -T | grep -i -E 'killed process|out of memory'` (the OOM "
+             "killer), the launcher's log for its exit status, a core dump; the others only waited for it."]
+    return [Candidate("rank_exited", summary, culprits=tuple(gone), waiting=waiting,
+                      findings=[Finding("rank_exited", summary, tuple(gone), 0.75, tuple(ev))], next_steps=steps)]

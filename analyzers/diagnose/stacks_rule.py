@@ -126,7 +126,16 @@ def anonymous_stacks(ctx: Context) -> list[Candidate]:
         return []
     from ranktrace.analyzers.hoststate import classify
 
-    states = [(s, classify(s.frames, s.thread_state)) for s in _one_per_process(ctx.anon_stacks)]
+    anon = ctx.anon_stacks
+    if ctx.job.traced and ctx.job.ended and not ctx.job.killed_on_hang:
+        # a run that ended by itself: the watchdog's periodic samples show where processes were while they still
+        # ran, not a hang; only a burst (taken on silence) can say a process was stuck
+        anon = [s for s in anon if "/dumps/" in (s.file or "").replace("\\", "/")]
+        if not anon:
+            return []
+    if _moved_between_dumps(anon):
+        return []  # the dumped processes are somewhere else in each dump: they make progress
+    states = [(s, classify(s.frames, s.thread_state)) for s in _one_per_process(anon)]
     inside = [(s, c) for s, _st in states if (c := collective_in_stack(s.frames)) is not None]
     if not inside and states and all(st == "running" and _importing(s.frames) or _launcher_join(s.frames)
                                      for s, st in states) and any(_importing(s.frames) for s, _ in states):
@@ -172,6 +181,26 @@ def anonymous_stacks(ctx: Context) -> list[Candidate]:
                           next_steps=["The hang is in the application, not in communication: see what it waits for "
                                       f"({', '.join(places[:3]) or 'the innermost frames'})."])]
     return []
+
+
+def _moved_between_dumps(stacks: list) -> bool:
+    """Several dumps of the same processes (py-spy run twice, a few seconds apart): some process is at a different
+    place in each and none sits in the same collective in all of them (launchers aside): the job moves on, whatever
+    call one dump caught."""
+    by_pid: dict[int, list[tuple[str, ...]]] = {}
+    for st in stacks:
+        if st.pid is not None and not _launcher_join(st.frames) and not _helper(st.frames):
+            by_pid.setdefault(st.pid, []).append(tuple(st.frames))
+    again = [dumps for dumps in by_pid.values() if len(dumps) > 1]
+    moved = [d for d in again if len(set(d)) > 1]
+    # a process parked in one collective in every dump is what a hang looks like, whatever the others do
+    parked = [d for d in again if len(set(d)) == 1 and collective_in_stack(d[0]) is not None]
+    return bool(moved) and not parked
+
+
+def _helper(frames: tuple[str, ...]) -> bool:
+    """multiprocessing's resource tracker and similar helpers: processes of the job that are never ranks."""
+    return any("resource_tracker.py" in f or "forkserver.py" in f for f in frames[:6])
 
 
 def _one_per_process(stacks: list) -> list:

@@ -19,11 +19,13 @@ STATE_WORDS = {
     "blocked_other": "blocked outside communication",
     "idle_loop": "idle, waiting for work",
     "running": "running",
+    "stopped": "stopped (SIGSTOP / Ctrl-Z: it runs nothing)",
+    "uninterruptible": "in uninterruptible sleep (/proc state D: inside the kernel)",
     "exited": "exited",
     "unknown": "unknown",
 }
 
-_STATE_RE = re.compile(r"\b(" + "|".join(k for k in STATE_WORDS if k not in ("running", "exited", "unknown")) + r")\b")
+_STATE_RE = re.compile(r"\b(" + "|".join(k for k in STATE_WORDS if k not in ("running", "exited", "unknown", "stopped")) + r")\b")
 
 #: verdict kinds in which some ranks wait for an op that others never finished or issued
 PENDING_KINDS = frozenset({"missing_ranks", "collective_mismatch", "stuck_in_collective", "rank_exited",
