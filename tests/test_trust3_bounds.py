@@ -174,6 +174,27 @@ def test_a_dump_file_over_its_bound_is_not_read_whole(tmp_path: Path):
     assert GOOD_LOG.name in _used(a)
 
 
+def test_a_text_input_of_millions_of_lines_keeps_its_first_and_last_lines(tmp_path: Path, monkeypatch):
+    """125M short lines took over 300 s and 8 GB (killed, or MemoryError read as "a ranktrace bug"); the opener now
+    splits only the first and last MAX_TEXT_LINES // 2 lines. Here the bound is made small, the file real: an NCCL
+    log whose last lines (where a hang shows) sit past 20,000 filler lines."""
+    from ranktrace.analyzers.readers.text import opener
+
+    monkeypatch.setattr(opener, "MAX_TEXT_LINES", 1000)
+    nccl = GOOD_LOG.read_bytes().replace(b"\r\n", b"\n")
+    n_head = nccl.count(b"\n")
+    log = tmp_path / "rank0.log.gz"  # gzip: the NCCL reader then reads the opener's lines, not the file again
+    import gzip
+
+    log.write_bytes(gzip.compress(nccl + b"progress 1%\n" * 20_000 + nccl))
+    total = 2 * n_head + 20_000
+    a = facade.analyze([log], liveness=None)
+    (note,) = [r for r in _reasons(a, log.name) if "lines per text input" in r]
+    assert f"{total:,} lines: the first and last 500 are read" in note and "(the bound: 1,000 lines" in note
+    lines = [ln for f, ln in zip(a.events["file"].to_pylist(), a.events["line"].to_pylist()) if f == str(log)]
+    assert max(lines) == total and min(lines) <= n_head  # the tail's records keep their true line numbers
+
+
 def _endless_sqlite(path: Path) -> None:
     c = sqlite3.connect(path)
     c.executescript("""

@@ -17,10 +17,12 @@ from ranktrace.analyzers.readers.common.ranks import rank_from_name
 from ranktrace.analyzers.readers.text.prefixes import (SRUN_PREFIX, LinePrefix, split_prefixes, strip_ansi,
                                                        strip_collector)
 
-__all__ = ["Line", "TextDoc", "open_text", "text_of_bytes", "canonical_prefix", "MAX_TEXT_BYTES", "MAX_LINE_CHARS"]
+__all__ = ["Line", "TextDoc", "open_text", "text_of_bytes", "canonical_prefix", "MAX_TEXT_BYTES", "MAX_LINE_CHARS",
+           "MAX_TEXT_LINES"]
 
 MAX_TEXT_BYTES = 256 << 20   # a text input larger than this is read up to here (notes say so)
 MAX_LINE_CHARS = 64 << 10    # a line is examined up to here: every pattern stays linear in what it reads
+MAX_TEXT_LINES = 2_000_000   # lines of one text input read (its first and last half: _numbering)
 _NO_PREFIX = LinePrefix()
 
 
@@ -66,9 +68,8 @@ class TextDoc:
             if ln.no == last and out:  # a second message glued on the same line of the file
                 out[-1] += glue + line_text(ln)
                 continue
-            if ln.no > last + 1:
-                out.extend("" for _ in range(ln.no - last - 1))
-            out.append(line_text(ln))
+            # the empty lines before it as one string (a gap of millions of lines: _numbering), not one item each
+            out.append("\n" * (ln.no - last - 1) + line_text(ln) if ln.no > last + 1 else line_text(ln))
             last = ln.no
         return "\n".join(out) + "\n"
 
@@ -109,9 +110,7 @@ def text_of_bytes(name: str, data: bytes, notes: list[Skipped] | None = None) ->
     if "\ufffd" in text and b"\xef\xbf\xbd" not in data:
         bad = text[:text.index("\ufffd")].count("\n") + 1
         notes.append(Skipped(name, bad, "bytes that are not UTF-8 (mixed encodings) read as replacement characters"))
-    raw_lines = text.split("\n")
-    if raw_lines and raw_lines[-1] == "":
-        raw_lines.pop()
+    raw_lines, number = _split_lines(name, text, notes)
     cut = 0
     lines: list[str] = []
     for i, raw in enumerate(raw_lines):
@@ -140,9 +139,36 @@ def text_of_bytes(name: str, data: bytes, notes: list[Skipped] | None = None) ->
                 piece, srun=srun or (pieces is not None and (k > 0 or SRUN_PREFIX.match(piece) is not None)),
                 srun_ranks=srun_ranks)
             split.append((i + 1, prefix, rest, strip_collector(piece)))
-    out = [Line(no, rest, prefix if prefix != _NO_PREFIX else _NO_PREFIX, s)
+    out = [Line(number(no), rest, prefix if prefix != _NO_PREFIX else _NO_PREFIX, s)
            for no, prefix, rest, s in _join_soft_wraps(split, lines)]
     return TextDoc(name, out, rank_from_name(os.path.basename(name)), notes, srun)
+
+
+def _split_lines(name: str, text: str, notes: list[Skipped]) -> tuple[list[str], Callable[[int], int]]:
+    """The text's lines, and the file line number of each one's 1-based position. Past MAX_TEXT_LINES lines (a line
+    costs ~200 bytes once split and prefixed: 125M short lines took 8 GB and never ended), only the first and last
+    MAX_TEXT_LINES // 2 are split, with one blank line between them so nothing is joined across the gap, and a
+    note says which lines were not read."""
+    total = text.count("\n") + (0 if text.endswith("\n") or not text else 1)
+    if total <= MAX_TEXT_LINES:
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        return lines, lambda k: k
+    half = MAX_TEXT_LINES // 2
+    head_end = -1
+    for _ in range(half):
+        head_end = text.index("\n", head_end + 1)
+    tail_start = len(text) - (1 if text.endswith("\n") else 0)
+    for _ in range(half):  # the newline before the last `half` lines, from the end
+        tail_start = text.rindex("\n", 0, tail_start)
+    tail = text[tail_start + 1:].split("\n")
+    if tail and tail[-1] == "":
+        tail.pop()
+    notes.append(Skipped(name, half + 1, f"{total:,} lines: the first and last {half:,} are read, lines "
+                                         f"{half + 1:,}-{total - half:,} are not (the bound: {MAX_TEXT_LINES:,} "
+                                         f"lines per text input)"))
+    return text[:head_end].split("\n") + [""] + tail, lambda k: k if k <= half else k - half - 1 + (total - half)
 
 
 def _join_soft_wraps(split: list[tuple[int, LinePrefix, str, str]],
