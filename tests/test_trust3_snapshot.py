@@ -176,6 +176,28 @@ def streaming_rank(tmp_path: Path):
         proc.wait()
 
 
+def test_a_rank_started_with_a_relative_trace_dir_is_still_ours(tmp_path: Path):
+    """`trace run -o traces/x` gives the ranks RANKTRACE_DIR relative to where the job started (meta.json's cwd)."""
+    run = tmp_path / "traces" / "x"
+    host = run / hostinfo.host_key()
+    (host / "rings").mkdir(parents=True)
+    os.chmod(run, 0o700)
+    _meta(host)
+    meta = json.loads((host / "meta.json").read_text())
+    meta["cwd"] = str(tmp_path)
+    (host / "meta.json").write_text(json.dumps(meta))
+    rel = os.path.relpath(host, tmp_path)
+    proc = subprocess.Popen([PY, "-c", STREAMING_RANK, str(host)], stdout=subprocess.PIPE, text=True, cwd=REPO,
+                            env=trace_env(RANKTRACE_DIR=rel))
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        pids, why = live.snapshot_targets(host, top=run)
+        assert pids == [proc.pid] and why is None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_an_agent_answer_that_never_ends_is_cut_in_time_and_size(streaming_rank, tmp_path: Path):
     run, host, proc = streaming_rank
     t0 = time.monotonic()

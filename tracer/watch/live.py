@@ -209,6 +209,19 @@ def _meta_bounded(host_dir: Path) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
+def _names_dir(env_dir: str, real: Path, pid: int, meta: dict) -> bool:
+    """RANKTRACE_DIR (as the process was started with it) is the host dir `real`. A relative one (`trace run -o
+    traces/x`) is relative to where trace run started the job (meta.json's cwd), or to the process's cwd now."""
+    if os.path.isabs(env_dir):
+        return os.path.realpath(env_dir) == str(real)
+    bases = [meta.get("cwd")] if isinstance(meta.get("cwd"), str) else []
+    try:
+        bases.append(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        pass
+    return any(os.path.realpath(os.path.join(b, env_dir)) == str(real) for b in bases)
+
+
 def snapshot_targets(host_dir: Path, top: Path | None = None) -> tuple[list[int], str | None]:
     """The processes a snapshot of `host_dir` may dump, and in one line why some or all were left alone.
 
@@ -274,7 +287,7 @@ def snapshot_targets(host_dir: Path, top: Path | None = None) -> tuple[list[int]
         env_dir = pidident.environ_dir(pid)
         if isinstance(env_dir, pidident.Unreadable):
             refused.append(f"{pid} (environment unreadable)")
-        elif env_dir is None or os.path.realpath(env_dir) != str(real):
+        elif env_dir is None or not _names_dir(env_dir, real, pid, meta):
             refused.append(f"{pid} (not started for this run: RANKTRACE_DIR={env_dir})")
         else:
             pids.append(pid)
