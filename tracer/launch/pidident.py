@@ -42,6 +42,7 @@ class Stat:
     state: str
     pgid: int
     start_ticks: int
+    ppid: int = 0
 
     @property
     def start_s(self) -> float:
@@ -59,7 +60,7 @@ def stat(pid: int) -> Stat | None:
         with open(f"/proc/{int(pid)}/stat", "rb") as f:
             raw = f.read()
         fields = raw[raw.rindex(b")") + 2:].split()
-        return Stat(fields[0].decode(), int(fields[2]), int(fields[19]))
+        return Stat(fields[0].decode(), int(fields[2]), int(fields[19]), int(fields[1]))
     except (OSError, ValueError, IndexError):
         return None
 

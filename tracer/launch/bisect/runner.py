@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Mapping
 
+from ranktrace.tracer.launch import pidident
 from ranktrace.tracer.launch.attach import descendants
 
 __all__ = ["READY", "RunSpec", "RunRecord", "Stopper", "GpuBusy", "become_subreaper", "run_once",
@@ -216,11 +217,12 @@ def reap_leftovers(grace_s: float = LEFTOVER_GRACE_S) -> int:
         return 0
     n = len(left)
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 2.0)):
-        for pid in left:
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+        below = set(left) | {me}
+        for pid in left:  # held by a pidfd, then checked still below us: a pid reused meanwhile is never signalled
+            t = pidident.target(pid, lambda st: st.ppid in below)
+            if t is not None:
+                t.signal(sig)
+                t.close()
         deadline = time.monotonic() + wait
         while left and time.monotonic() < deadline:
             time.sleep(0.05)
