@@ -20,6 +20,23 @@ from false_alarm_score import CORPUS, case_paths, load_cases  # noqa: E402
 
 CASES = load_cases(CORPUS)
 
+#: held-out cases (nobody tunes the analyzer on them) that still alarm: each is a known miss, said in the closing
+#: notes with the holdout score; strict, so the day one passes this list must shrink
+HOLDOUT_MISSES = {
+    "own-pyspy-two-dumps-progress": "two py-spy dumps: one rank in the same all_reduce frames in both",
+    "own-torchrun-faulthandler-console": "faulthandler dumps mid-run, step lines after them: the later progress "
+                                         "does not yet overrule the dumps",
+    "own-tpjob-plain-ctrlc-console": "only the launcher's KeyboardInterrupt traceback: a Ctrl-C not yet read as a stop",
+}
+
+
+def _param(case: dict) -> object:
+    why = HOLDOUT_MISSES.get(case["id"])
+    if why is None:
+        return case
+    assert case.get("split") == "holdout", f"{case['id']}: only held-out cases may be known misses"
+    return pytest.param(case, marks=pytest.mark.xfail(strict=True, reason=f"holdout, known miss: {why}"))
+
 
 def test_the_corpus_is_there() -> None:
     assert len(CASES) >= 45, f"{len(CASES)} cases in {CORPUS}"
@@ -30,7 +47,7 @@ def test_the_corpus_is_there() -> None:
         assert case.get("why"), case["id"]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+@pytest.mark.parametrize("case", [_param(c) for c in CASES], ids=[c["id"] for c in CASES])
 def test_no_alarm_and_no_culprit_on_a_healthy_or_finished_run(case: dict) -> None:
     paths = case_paths(case)
     missing = [str(p) for p in paths if not p.exists()]

@@ -33,7 +33,9 @@ def test_the_corpora_are_there() -> None:
 
 @pytest.mark.parametrize("invariant", ["witness", "completion", "stop", "agreement", "one_finding", "metamorphic"])
 def test_invariant_holds_over_every_corpus(invariant: str) -> None:
-    bad = violations()[invariant]
+    from tests.test_false_alarms import HOLDOUT_MISSES  # the held-out known misses (said there, strict xfail there)
+
+    bad = [(k, why) for k, why in violations()[invariant] if k.split("/", 1)[1] not in HOLDOUT_MISSES]
     assert not bad, "\n".join(f"{k}: {why}" for k, why in bad)
 
 

@@ -3,6 +3,7 @@ of several processes interleaved without prefixes) the one that got furthest. On
 it holds ``%`` or one of the counter words."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ranktrace.analyzers.readers.progress import signatures as sig
@@ -32,12 +33,17 @@ class Ending:
 #: an ending counts only among the last lines a rank (or the file) printed: a loop that "finished" and then hung
 #: in the next stage says more after it
 _LAST_LINES = 6
+#: glog-style info / debug lines of C++ libraries ("[I1202 07:13:58.752 TCPStoreLibUvBackend.cpp:130] ...",
+#: "I1202 07:13:58.75 123 ProcessGroupNCCL.cpp:...]"): teardown chatter, never the loop's own words
+_CHATTER = re.compile(r"\s{0,4}\[?[IDV]\d{4} \d{2}:\d{2}:\d{2}")
 
 
 def endings(doc: TextDoc) -> list[Ending]:
     """Lines near the end of each rank's output saying the job ended normally."""
     last_of: dict[int | None, list[int]] = {}
     for i, ln in enumerate(doc.lines):
+        if _CHATTER.match(ln.text):
+            continue  # a library's info/debug lines (store or socket teardown) say nothing about the loop
         last_of.setdefault(ln.prefix.rank, []).append(i)
     tail = {i for idx in last_of.values() for i in idx[-_LAST_LINES:]}
     out = []
