@@ -11,7 +11,7 @@ from ranktrace.analyzers import hoststate
 from ranktrace.analyzers import stacks as stacks_mod
 from ranktrace.analyzers.diagnose import arbitrate as arbitration
 from ranktrace.analyzers.diagnose.blocked_rule import blocked_outside
-from ranktrace.analyzers.diagnose.candidate import Candidate, op_evidence, ranks_text
+from ranktrace.analyzers.diagnose.candidate import Candidate, op_evidence, ranks_text, stack_evidence
 from ranktrace.analyzers.diagnose.context import Context, build_context
 from ranktrace.analyzers.diagnose.graph_rule import graph_capture
 from ranktrace.analyzers.diagnose.host_wait_rule import cannot_run
@@ -57,6 +57,7 @@ def diagnose(ctx: Context) -> Verdict:
     findings.extend(_unknown_findings(ctx))
     findings.extend(_job_state_findings(ctx))
     findings.extend(_inferred_rank_findings(ctx))
+    findings.extend(_disagreement_findings(ctx))
     status = _stopped_status(ctx) if decision.stopped_clean else _status(ctx, primary)
     world = ctx.world
     unobserved = tuple(sorted(set(range(world)) - ctx.observed_ranks)) if world else ()
@@ -352,6 +353,41 @@ def _interrupt_finding(ctx: Context) -> Finding:
                    f"{at} and forwarded it; exits and errors after it are the interrupt's, not a crash", (), 1.0,
                    tuple(Evidence("meta", str(h.host_dir / "meta.json"), None, "exit.interrupted")
                          for h in ctx.inputs.hosts[:1]))
+
+
+_INSIDE = frozenset({"in_collective", "in_init", "host_sync_wait"})
+_OUTSIDE = frozenset({"blocked_other", "idle_loop", "running"})
+
+
+def _disagreement_findings(ctx: Context) -> list[Finding]:
+    """Two posted files that disagree about one rank (one shows it inside a collective, the other outside any
+    communication) are said to disagree, naming both, rather than one silently winning. Our own run's samples and
+    bursts are one record over time, not witnesses against each other: only files that are not our own are compared."""
+    st = ctx.inputs.stacks
+    if st.num_rows == 0 or ctx.job.traced:
+        return []
+    import pyarrow.compute as pc
+
+    ranked = st.filter(pc.is_valid(st["rank"]))
+    files = sorted({f for f in ranked["file"].to_pylist() if f})
+    if len(files) < 2:
+        return []
+    seen: dict[int, list[tuple[str, "hoststate.RankStack", str]]] = {}
+    for f in files:
+        for r, s in hoststate.latest_stacks(ranked.filter(pc.equal(ranked["file"], f))).items():
+            seen.setdefault(r, []).append((f, s, hoststate.classify(s.frames, s.thread_state)))
+    out = []
+    for r, views in sorted(seen.items()):
+        inside = [v for v in views if v[2] in _INSIDE]
+        outside = [v for v in views if v[2] in _OUTSIDE]
+        if not inside or not outside:
+            continue
+        a, b = inside[0], outside[0]
+        out.append(Finding("inputs_disagree", f"the inputs disagree about rank {r}: {a[0]} shows it {a[2]} in "
+                           f"{_where(a[1]) or 'a collective'}, {b[0]} shows it {b[2]} in {_where(b[1]) or 'other code'}"
+                           " (dumps of different moments, or of different processes given the same rank)", (r,), 0.5,
+                           (stack_evidence(a[1], a[2]), stack_evidence(b[1], b[2]))))
+    return out[:4]
 
 
 def _inferred_rank_findings(ctx: Context) -> list[Finding]:
