@@ -214,6 +214,23 @@ class _NotRegular(Exception):
     pass
 
 
+def _small_file(f: Path, limit: int) -> bytes:
+    """A small file of ours (meta.json, system.json) read whole: opened non-blocking (a FIFO would wait forever),
+    a plain file only, at most `limit` bytes; ValueError otherwise."""
+    fd = os.open(f, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file (a FIFO, socket or device)")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise ValueError(f"larger than {limit >> 20} MiB")
+    return data
+
+
 def _read_file(f: Path, readers: list[tuple[str, Any]], results: list[ReadResult], skipped: list[Skipped],
                reads: list[InputRead]) -> list[str]:
     try:
@@ -313,7 +330,7 @@ def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], 
         try:
             if os.stat(mp).st_size > 64 << 20:
                 raise ValueError("larger than 64 MiB")
-            meta = json.loads(mp.read_bytes())
+            meta = json.loads(_small_file(mp, 64 << 20))  # never blocks on a FIFO (#31)
             if not isinstance(meta, dict) or not str(meta.get("schema", "")).startswith("ranktrace.meta/"):
                 skipped.append(Skipped(str(mp), None, "not a ranktrace meta.json (schema missing)"))
                 meta = None
@@ -325,7 +342,7 @@ def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], 
         skipped.append(Skipped(str(mp), None, "missing meta.json; job status unknown"))
     if meta is not None and (hd / "system.json").exists():   # trace run's machine facts (tracer/launch/sysfacts.py)
         try:
-            system = json.loads((hd / "system.json").read_text())
+            system = json.loads(_small_file(hd / "system.json", 16 << 20))
             if isinstance(system, dict):
                 meta = {**meta, "system": system}
         except (OSError, ValueError) as e:

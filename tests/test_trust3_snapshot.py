@@ -311,3 +311,16 @@ def test_an_nccl_ras_service_that_streams_forever_is_cut_in_size_and_time():
     assert time.monotonic() - t0 < 10.5
     assert len(ans.text) <= ras.MAX_ANSWER and not ans.complete
     srv.close()
+
+
+def test_fifos_named_like_a_ring_or_meta_json_never_block_the_analysis(tmp_path: Path):
+    """A folder whose rings/<pid>.ring and meta.json are FIFOs: opening one to read would wait forever."""
+    run = tmp_path / "fifo-run"
+    host = run / hostinfo.host_key()
+    (host / "rings").mkdir(parents=True)
+    os.mkfifo(host / "rings" / f"{os.getpid()}.ring")
+    os.mkfifo(host / "meta.json")
+    res = subprocess.run(TRACE + ["analyze", str(run), str(REPO / "tests" / "data" / "nasty" / "crlf.log")],
+                         capture_output=True, text=True, timeout=60, env=trace_env(), cwd=tmp_path)
+    assert "Traceback" not in res.stderr and "ranktrace bug" not in res.stderr, res.stderr
+    assert live.live_pids(host) == [] and live.snapshot_targets(host, top=run)[0] == []

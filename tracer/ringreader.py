@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,8 +83,12 @@ def _open_ring(path: str) -> Any:
     """The ring's bytes: mapped when every block of the file is allocated (what the recorder makes: it reserves the
     whole ring), else read() — a mapped hole of a sparse file (an older ring) faults with SIGBUS on a full tmpfs.
     Read, only what the header says the ring holds is taken (a huge file named .ring costs no more than a ring)."""
-    with open(path, "rb") as f:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO named like a ring must not block us
+    with open(fd, "rb") as f:
         st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise RingError(f"{path}: not a regular file (a FIFO, socket or device), not a ranktrace ring")
+        os.set_blocking(fd, True)
         if st.st_size == 0:
             raise RingError(f"{path}: empty file, not a ranktrace ring")
         if st.st_blocks * 512 >= st.st_size:

@@ -11,14 +11,12 @@ import json
 import os
 import socket
 import stat
-import struct
 import time
 from pathlib import Path
 
 from ranktrace.analyzers.model import Liveness
 from ranktrace.tracer.watch import burst
-from ranktrace.tracer.launch import hostinfo
-from ranktrace.tracer import ringformat as rf
+from ranktrace.tracer.launch import hostinfo, pidident
 
 __all__ = ["liveness", "live_pids", "host_dirs", "snapshot_live", "snapshot_targets"]
 
@@ -119,18 +117,16 @@ def pid_running(pid: int, started_by_s: float | None = None) -> bool:
 
 
 def ring_owner_alive(pid: int, ring: Path) -> bool:
-    """Whether process `pid` is running (not a zombie) and started no later than `ring`'s header says the ring
-    was made. The header has CLOCK_MONOTONIC; /proc/<pid>/stat counts from boot including suspended time
-    (CLOCK_BOOTTIME): the ring's time is moved onto that clock by today's difference between the two."""
-    try:
-        with open(ring, "rb") as f:
-            head = f.read(rf.HEADER.size)
-        fields = rf.HEADER.unpack(head)
-        if fields[0] != rf.MAGIC:
-            return False
-    except (OSError, struct.error):
+    """Whether process `pid` is running (not a zombie) and is the one that wrote `ring`: the ring's record of its
+    writer's start time, or for an old ring, started no later than the ring was made (pidident). The ring is opened
+    without following a symlink and without blocking (a FIFO named like a ring is no ring)."""
+    writer = pidident.ring_writer(ring)
+    if writer is None:
         return False
-    return pid_running(pid, fields[3] / 1e9 + (_boottime() - time.monotonic()))
+    st = pidident.stat(pid)
+    if st is None:  # /proc hides it (hidepid): existence, and no later start than the ring, is all that can be known
+        return pid_running(pid, writer.made_s())
+    return pidident.writer_matches(pid, writer, st)
 
 
 # --- what a snapshot may act on ------------------------------------------------------------------------------------
@@ -231,8 +227,6 @@ def snapshot_targets(host_dir: Path, top: Path | None = None) -> tuple[list[int]
     ring's writer (its start time, pidident), and started with RANKTRACE_DIR pointing at this very host dir.
     `trace attach` dirs hold no rings: their pids count when meta.json recorded each one's start time and it
     matches. Anything else is only read, never dumped or written into."""
-    from ranktrace.tracer.launch import pidident
-
     real = Path(os.path.realpath(host_dir))
     for d in ([Path(os.path.realpath(top))] if top is not None and Path(os.path.realpath(top)) != real else []) + [real]:
         why = _own_dir(d)
