@@ -66,6 +66,7 @@ class PendingOp:
     source: str | None
     file: str | None
     line: int | None
+    returned: bool = True   # the call came back to its caller (for NCCL and hooked backends: enqueued, DESIGN §2)
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,7 @@ def build_graph(ops: pa.Table, group_ranks: dict[str, tuple[int, ...]], world: i
     for r in near.filter(pa.array(keep, pa.bool_())).to_pylist():
         o = PendingOp(r["rank"], r["chan"], r["seq"], r["name"], r["group"], r["group_desc"], r["category"],
                       r["peer"], r["dtype"], r["shape"], r["nbytes"], r["callsite"], bool(r["completed"]),
-                      bool(r["errored"]), r["error"], r["source"], r["file"], r["line"])
+                      bool(r["errored"]), r["error"], r["source"], r["file"], r["line"], bool(r["returned"]))
         by_key.setdefault((r["chan"], r["seq"]), []).append(o)
         of_rank.setdefault((r["chan"], r["seq"], r["rank"]), o)
     seen_members: dict[str, tuple[int, ...]] = {}

@@ -324,3 +324,7 @@ def test_a_rank_spinning_inside_an_open_collective_is_waiting_not_progressing(tm
         res.stderr[-3000:]
     assert "hang detected and the job terminated (--on-hang kill)" in res.stderr
     assert took < 40, took
+    # and the verdict says so: the rank is inside the hooked all_reduce it never returned from
+    v = json.loads((tmp_path / "r" / "verdict.json").read_text())
+    assert (v["status"], v["kind"], v["operation"]["seq"]) == ("hang", "stuck_in_collective", 2), v["summary"]
+    assert "none returned from it" in v["summary"]

@@ -330,14 +330,22 @@ def stuck(ctx: Context) -> list[Candidate]:
     for s in ctx.graph.stuck:
         ref = s.ops[0]
         members = ctx.graph.members.get(s.chan, ())
-        if (ref.group or "").startswith("hook:") and not any(o.errored for o in s.ops) and not any(
+        if (ref.group or "").startswith("hook:") and all(o.returned for o in s.ops) and not any(
+                o.errored for o in s.ops) and not any(
                 ctx.host_states.get(r) == "host_sync_wait" for r in s.not_completed):
             continue  # a hooked call that returned was enqueued: nothing says it did not finish (DESIGN §2)
+        # (a hooked call that never returned is inside the framework's collective: spinning or blocked, it waits)
         if s.completed:
             culprits = s.not_completed
             summary = (f"{ranks_text(s.not_completed)} issued {ref.name} (group {ref.group}, seq {s.seq}) like "
                        f"{ranks_text(s.completed)} but it never completed there")
             conf = 0.7
+        elif not any(o.returned for o in s.ops):
+            culprits = ()
+            summary = (f"every member of group {ref.group} ({ranks_text(members)}) is inside {ref.name} seq {s.seq} "
+                       "and none returned from it: the call itself waits (spinning or blocked) for a peer, the "
+                       "transport or the device")
+            conf = 0.6
         else:
             culprits = ()
             summary = (f"every member of group {ref.group} ({ranks_text(members)}) issued {ref.name} seq {s.seq} "
