@@ -166,8 +166,6 @@ def test_a_worker_killed_while_loading_is_a_crash_never_a_hang(runs):
     assert v["ranks"]["1"]["state"] == "exited", v["ranks"]["1"]
 
 
-@pytest.mark.xfail(reason=DECISION + "the SIGKILLed worker is not the culprit; the survivor is (culprit 0, "
-                          "blocked_outside_collective)", strict=False)
 def test_a_worker_killed_while_loading_is_the_culprit(runs):
     v = scenario(runs, "kill-loading").verdict
     assert v is not None and v["culprit_ranks"] == [1], v and (v["culprit_ranks"], v["summary"])
