@@ -324,3 +324,81 @@ def test_fifos_named_like_a_ring_or_meta_json_never_block_the_analysis(tmp_path:
                          capture_output=True, text=True, timeout=60, env=trace_env(), cwd=tmp_path)
     assert "Traceback" not in res.stderr and "ranktrace bug" not in res.stderr, res.stderr
     assert live.live_pids(host) == [] and live.snapshot_targets(host, top=run)[0] == []
+
+
+# What the other user runs: builds the fake run folder (meta, a ring naming root's process, a dumps symlink into a
+# root-only dir, an agent socket that answers forever) and keeps the socket served.
+ATTACKER = r"""
+import json, os, socket, sys, threading
+run, host_key, ring_hex, victim, private, ready = sys.argv[1:7]
+host = os.path.join(run, host_key)
+os.makedirs(os.path.join(host, 'rings'))
+os.makedirs(os.path.join(host, 'agents'))
+with open(os.path.join(host, 'meta.json'), 'w') as f:
+    json.dump({'schema': 'ranktrace.meta/1', 'hostname': os.uname().nodename, 'host_key': host_key, 'exit': None,
+               'pids': {}}, f)
+with open(os.path.join(host, 'rings', victim + '.ring'), 'wb') as f:
+    f.write(bytes.fromhex(ring_hex))
+os.symlink(private, os.path.join(host, 'dumps'))
+os.chdir(os.path.join(host, 'agents'))
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(victim + '.sock')
+s.listen(8)
+open(ready, 'w').close()
+def stream(c):
+    try:
+        while True:
+            c.sendall(b' ' * (1 << 20))
+    except OSError:
+        pass
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=stream, args=(c,), daemon=True).start()
+"""
+
+
+OTHER_PY = "/usr/bin/python3"  # the other user cannot run this venv's interpreter (under /root)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.access(OTHER_PY, os.X_OK),
+                    reason="needs root and a system python3: the attack is another local user's folder analyzed by root")
+def test_a_real_second_users_fake_run_folder_makes_root_do_nothing(tmp_path: Path, victim_process):
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="rt-trust3-", dir="/tmp"))
+    try:
+        os.chmod(base, 0o777)  # where the other user (nobody) may write
+        private = tmp_path / "root-only"
+        private.mkdir(mode=0o700)
+        ring = tmp_path / "r.ring"
+        _ring_naming(ring, victim_process.pid)
+        head = ring.read_bytes()[:rf.IDENT_OFFSET + rf.IDENT.size]
+        run, ready = base / "evil", base / "ready"
+        os.chmod(tmp_path, 0o711)  # the other user may reach private/ to plant the symlink (not to write there)
+        attacker = subprocess.Popen([OTHER_PY, "-I", "-S", "-c", ATTACKER, str(run), hostinfo.host_key(), head.hex(),
+                                     str(victim_process.pid), str(private), str(ready)],
+                                    user=OTHER_UID, group=OTHER_UID, extra_groups=[], cwd="/")
+        try:
+            deadline = time.monotonic() + 20
+            while not ready.exists() and time.monotonic() < deadline and attacker.poll() is None:
+                time.sleep(0.05)
+            assert ready.exists(), "the other user's setup did not finish"
+            assert (run / hostinfo.host_key() / "meta.json").stat().st_uid == OTHER_UID
+            pyspy, mark = _fake_pyspy(tmp_path)
+            t0 = time.monotonic()
+            res = subprocess.run(TRACE + ["analyze", "--json", str(run)], capture_output=True, text=True, timeout=120,
+                                 env=trace_env(RANKTRACE_PYSPY=str(pyspy)), cwd=tmp_path)
+            took = time.monotonic() - t0
+        finally:
+            attacker.kill()
+            attacker.wait()
+        assert not mark.exists(), "py-spy was run on the process the folder named"
+        assert list(private.iterdir()) == [], "something was written through the folder's dumps symlink"
+        (line,) = [ln for ln in res.stderr.splitlines() if "live snapshot skipped" in ln]
+        assert f"owned by uid {OTHER_UID}" in line and "only read, never acted on" in line
+        assert "Traceback" not in res.stderr and res.returncode in (0, 3, 4) and took < 60, res.stderr
+        assert victim_process.poll() is None
+    finally:
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)
