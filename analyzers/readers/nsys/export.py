@@ -87,6 +87,8 @@ def connect(path: Path) -> sqlite3.Connection:
         raise ReaderError(path, f"cannot open as SQLite: {e}") from e
     deadline = time.monotonic() + SQLITE_BUDGET_S
     conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0, _PROGRESS_STEPS)
+    if len(_deadlines) > 256:  # connections long closed (a watchdog re-reads exports): their entries go
+        _deadlines.clear()
     _deadlines[id(conn)] = deadline
     try:
         with path.open("rb") as fh:
