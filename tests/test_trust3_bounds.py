@@ -231,3 +231,25 @@ def test_an_sqlite_view_that_never_ends_stops_at_the_time_bound(tmp_path: Path, 
     t0 = time.monotonic()
     compare.compare_paths(both, GOOD_LOG, liveness=None)
     assert time.monotonic() - t0 < 15
+
+
+def test_a_meta_json_over_its_bound_is_one_line(tmp_path: Path):
+    host = tmp_path / "run" / "host-1"
+    (host / "rings").mkdir(parents=True)
+    with open(host / "meta.json", "wb") as f:  # sparse: 65 MiB long, a few bytes on disk
+        f.write(b'{"schema": "ranktrace.meta/1"}')
+        f.truncate(65 << 20)
+    a = facade.analyze([tmp_path / "run", GOOD_LOG], liveness=None)
+    assert any("larger than 64 MiB" in r for r in _reasons(a, "meta.json"))
+    assert GOOD_LOG.name in _used(a)
+
+
+def test_a_py_spy_that_never_answers_costs_its_timeout(tmp_path: Path):
+    from ranktrace.tracer.watch.stack_sampler import pyspy_dump
+
+    stuck = tmp_path / "py-spy"
+    stuck.write_text("#!/bin/sh\nexec sleep 60\n")
+    stuck.chmod(0o755)
+    t0 = time.monotonic()
+    d = pyspy_dump(str(stuck), os.getpid(), timeout=1.0)
+    assert time.monotonic() - t0 < 5 and d.text is None and "did not answer within 1 s" in (d.error or "")
