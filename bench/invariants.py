@@ -11,8 +11,8 @@ The invariants, each checked on every case:
                  "STATUS · kind" of the JSON, the ranks marked `*` in the table are the culprits, the page carries the
                  same headline, and no rank the verdict calls waiting in a collective is "outside communication" in
                  the table, nor a serving/idle verdict shown over a rank "blocked outside communication";
-5. one finding — no other finding of a hang kind names culprits disjoint from the verdict's with at least its
-                 confidence;
+5. one finding — no hang-kind finding is told twice, and none blames (rank_exited, missing_ranks, mismatch)
+                 ranks disjoint from the verdict's culprits;
 6. metamorphic — the verdict (status, kind, op, culprits) does not change when the input files are renamed,
                  given in reverse order, or joined by an unrelated file; text files concatenated into one keep it
                  too when each names its rank (checked on cases whose files are all text).
@@ -155,13 +155,21 @@ def _expand(text: str) -> set[int]:
 
 
 def check_one_finding(v: dict[str, Any]) -> str | None:
+    """One hang, one story: no hang-kind finding repeats another (same kind, same ranks), and none blames ranks the
+    verdict does not when the verdict blames someone."""
     if v["kind"] not in HANG_KINDS:
         return None
     culprits = set(v.get("culprit_ranks") or ())
-    conf = max((f["confidence"] for f in v["findings"] if f["kind"] == v["kind"]), default=0.0)
+    told: set[tuple] = set()
     for f in v["findings"]:
-        if f["kind"] in HANG_KINDS and f["kind"] != v["kind"] and f["ranks"] and culprits \
-                and not set(f["ranks"]) & culprits and f["confidence"] >= conf:
+        if f["kind"] not in HANG_KINDS:
+            continue
+        key = (f["kind"], tuple(f["ranks"]))
+        if key in told:
+            return f"finding {f['kind']} {f['ranks']} is told twice"
+        told.add(key)
+        if f["kind"] != v["kind"] and f["ranks"] and culprits and not set(f["ranks"]) & culprits \
+                and f["kind"] in ("rank_exited", "missing_ranks", "collective_mismatch"):
             return f"second finding {f['kind']} blames {f['ranks']}, the verdict {sorted(culprits)}"
     return None
 

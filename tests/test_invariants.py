@@ -46,5 +46,7 @@ def test_the_checks_catch_what_they_check() -> None:
         {"kind": "stuck_in_collective", "ranks": [1], "confidence": 0.9, "evidence": []}]}
     assert invariants.check_false_alarm(v, "completed")
     assert invariants.check_false_alarm({**v, "status": "completed"}, "completed")  # a culprit on a finished run
-    assert invariants.check_one_finding(v)
+    assert invariants.check_one_finding({**v, "findings": v["findings"][:1] + [
+        {"kind": "rank_exited", "ranks": [2], "confidence": 0.8, "evidence": []}]})
+    assert invariants.check_one_finding({**v, "findings": v["findings"][:1] * 2})
     assert invariants.check_false_alarm({**v, "status": "idle", "culprit_ranks": []}, "stopped") is None

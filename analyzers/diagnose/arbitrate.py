@@ -27,6 +27,10 @@ from ranktrace.analyzers.verdict import Evidence, Finding
 
 __all__ = ["STRENGTH", "strength", "Decision", "arbitrate", "DEFAULT_HANG_AFTER_S", "hang_seen_before_stop"]
 
+# verdict kinds that tell a hang (a second finding of one of these is a second story)
+HANG_KINDS = frozenset({"missing_ranks", "collective_mismatch", "stuck_in_collective", "graph_capture", "init_hang",
+                        "rank_exited", "blocked_outside_collective", "wait_cycle"})
+
 # The order of strength of evidence sources, strongest first (docs/EVIDENCE.md is this table in words). Our own
 # records of every call and the stacks sampled while the job was silent say what each rank did at the time; a
 # communicator's own counters come next; statements a process printed about itself or others come after; a line
@@ -77,10 +81,30 @@ class Decision:
     set_aside: tuple[int, ...] = ()  # ids of candidates a veto removed: their findings would contradict the verdict
 
     def findings(self, candidates: list[Candidate]) -> list[Finding]:
-        """The notes, then every finding of the candidates that were not set aside (none after a clean stop)."""
+        """The notes, then the findings of the candidates that were not set aside (none after a clean stop).
+
+        One hang is told once: the verdict's own candidate first; another candidate's findings only where they add a
+        fact and never contradict it — a rival that blames other ranks than the verdict does is left out, and a
+        finding that repeats one already told (same kind, same ranks) is told once."""
         if self.stopped_clean:
             return list(self.notes)
-        return list(self.notes) + [f for c in candidates if id(c) not in self.set_aside for f in c.findings]
+        p = self.primary
+        ordered = ([p] if p is not None else []) + [c for c in candidates if c is not p and not (
+            p is not None and c.summary == p.summary and c.kind == p.kind)]
+        out, told = list(self.notes), set()
+        for c in ordered:
+            if id(c) in self.set_aside:
+                continue
+            if p is not None and c is not p and c.primary and c.kind in HANG_KINDS and c.culprits and p.culprits \
+                    and not set(c.culprits) & set(p.culprits):
+                continue  # a rival story about other ranks: the verdict already chose
+            for f in c.findings:
+                key = (f.kind, tuple(f.ranks))
+                if f.kind in HANG_KINDS and key in told:
+                    continue
+                told.add(key)
+                out.append(f)
+        return out
 
 
 _SERVING_PROGRESS = frozenset({"requests", "batches", "running_requests"})
