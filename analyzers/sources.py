@@ -184,7 +184,7 @@ def _host_dirs(p: Path) -> list[Path]:
 def _walk(root: Path, skipped: list[Skipped]) -> list[Path]:
     """Every file under `root` (hidden ones and our own outputs aside); a folder that cannot be read is a Skipped
     entry, never the end of the walk."""
-    out = []
+    out: list[Path] = []
 
     def unreadable(e: OSError) -> None:
         skipped.append(Skipped(str(e.filename or root), None, f"cannot read folder: {e.strerror or e}"))

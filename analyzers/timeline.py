@@ -3,7 +3,7 @@ and completed, and what each rank has open now. Vectorised, so 8 ranks x 1M even
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -39,7 +39,7 @@ _FIRST_COLS = ("name", "category", "group", "group_desc", "backend", "peer", "dt
                "error", "source", "file", "line")
 
 
-Column = pa.ChunkedArray | pa.Array
+Column: TypeAlias = pa.ChunkedArray | pa.Array
 
 
 def _flat(col: Column) -> pa.Array:

@@ -6,6 +6,7 @@ removing one needs a schema version bump.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -244,7 +245,7 @@ def _rank_dict(s: RankState) -> dict[str, Any]:
     return d
 
 
-def compact_ranks(ranks: "list[int] | tuple[int, ...] | set[int]") -> str:
+def compact_ranks(ranks: Iterable[int]) -> str:
     """'0-6,8' style rank sets, as STAT and people write them.
 
     >>> compact_ranks([0, 1, 2, 3, 4, 5, 6, 8])

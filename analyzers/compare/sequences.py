@@ -61,7 +61,7 @@ def op_sources(run: RunTables) -> dict[str, int]:
     ops = run.ops
     if not ops.num_rows:
         return {}
-    values: dict[object, int] = {}
+    values: dict[str, int] = {}
     counts = np.bincount(codes(ops["source"], values), minlength=len(values))
     return {v: int(counts[c]) for v, c in values.items() if v and counts[c]}
 
@@ -262,7 +262,7 @@ def op_counts(sa: OpSequences, sb: OpSequences) -> list[tuple[str, int, int]]:
     def counts(s: OpSequences) -> dict[str, int]:
         if not s.table.num_rows:
             return {}
-        values: dict[object, int] = {}
+        values: dict[str, int] = {}
         n = np.bincount(codes(s.table["name"], values), minlength=len(values))
         return {v: int(n[c]) for v, c in values.items() if n[c]}
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -150,7 +151,7 @@ def decoded(table: pa.Table) -> pa.Table:
                      else table[f.name] for f in table.schema})
 
 
-def codes(col: pa.ChunkedArray | pa.Array, values: dict[object, int]) -> np.ndarray:
+def codes(col: pa.ChunkedArray | pa.Array, values: dict[Any, int]) -> np.ndarray:
     """Per element an int code for its value, from (and adding to) `values` (value -> code); nulls read as "".
     Dictionary-encoded chunks cost one lookup per distinct value and one gather; plain ones are encoded first."""
     chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]

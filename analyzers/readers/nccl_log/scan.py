@@ -26,7 +26,7 @@ def iter_chunks(f: BinaryIO) -> Iterator[tuple[bytes, int]]:
     (``logrotate copytruncate``), so they are dropped before lines are cut (a hole never fills the line buffer).
     The last piece may lack its newline; a "line" longer than ``_MAX_CARRY`` is cut.
     """
-    carry: list[bytes] = []
+    carry: list[bytes | memoryview] = []
     carry_len = 0
     nuls = 0
     while True:

@@ -87,7 +87,7 @@ class Parser:
             self.skipped.append(Skipped(self.file, n, f"GPU {index}: no GPU-Util % in {cells[2].strip()!r}"))
         return None
 
-    def _unfinished(self, gpu: tuple[str, str, int] | None) -> None:
+    def _unfinished(self, gpu: tuple[str, str, int] | None) -> tuple[str, str, int] | None:
         """A GPU row whose memory/utilisation row never came (torn output): say so."""
         if gpu is not None:
             self.skipped.append(Skipped(self.file, gpu[2], f"GPU {gpu[0]}: no memory/utilisation row after it"))

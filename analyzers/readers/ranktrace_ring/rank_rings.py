@@ -166,7 +166,7 @@ def _records(views: list[RingView], labels: bool = False) -> tuple[Records, list
             is_send = name_valid = np.zeros(n, dtype=bool)
             peer = np.full(n, -1, dtype=np.int64)
         keep = (kind == rf.KINDS.index("mark")) | ((w[:, 3] >> np.uint64(32)) != 0)  # marks, errors
-        present = np.flatnonzero(np.bincount(gid, minlength=max_id + 1)) if n else []
+        present: np.ndarray | list[int] = np.flatnonzero(np.bincount(gid, minlength=max_id + 1)) if n else []
         for g in present:  # each group's last record carries its members
             keep[n - 1 - int(np.argmax(gid[::-1] == g))] = True
         rank = identity_of(rc).get("rank")

@@ -20,8 +20,8 @@ _MSG_RANK = re.compile(r"^(?:\[(\d{1,9})\] is setting up NCCL|.{0,200}?aborted o
 _WATCHDOG_SYMS = ("ncclCommWatchdog", "Watchdog::run", "workCleanupLoop", "watchdogHandler", "checkTimeout")
 
 
-def build(records: list[object], file: str, source: str) -> tuple[list[dict[str, Any]], list[StackRecord],
-                                                                  list[dict[str, Any]]]:
+def build(records: list[Traceback | CppBacktrace], file: str,
+          source: str) -> tuple[list[dict[str, Any]], list[StackRecord], list[dict[str, Any]]]:
     """(EVENTS rows, stack records, OBSERVATIONS rows).
 
     Worked example (pytorch-131781-b, rank 13)::

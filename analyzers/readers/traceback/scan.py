@@ -53,7 +53,7 @@ class CppBacktrace:
 
 @dataclass
 class Scan:
-    records: list[object] = field(default_factory=list)
+    records: list[Traceback | CppBacktrace] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
 
 

@@ -3,7 +3,7 @@ line of the same rank and sequence number), one ``enter`` per timed-out work, on
 distinct counter set, and ``rank_space`` where a rank is only known inside its group."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from ranktrace.analyzers.opnames import canonical_op
 from ranktrace.analyzers.readers.base import Skipped
@@ -49,7 +49,8 @@ def build(file: str, timeouts: list[Timeout], statuses: list[Status],
                      and s.ctx.pgrank == t.ctx.pgrank and s.failed_seq == int(seq)]
         if not cands:
             # the file names one process group only: a timeout that does not state its PG is in that one
-            pgs = {(o.ctx.pg, o.ctx.pg_desc, o.ctx.pg_id) for o in [*timeouts, *statuses] if o.ctx.pg is not None}
+            pgs = {(o.ctx.pg, o.ctx.pg_desc, o.ctx.pg_id)
+                   for o in cast("list[Timeout | Status]", [*timeouts, *statuses]) if o.ctx.pg is not None}
             if len(pgs) == 1:
                 pg, desc, pg_id = pgs.pop()
                 t.ctx.pg, t.ctx.pg_desc, t.ctx.pg_id = pg, desc, pg_id
