@@ -177,7 +177,7 @@ def latest_stacks(stacks: pa.Table, prefer: dict[int, int] | None = None) -> dic
     latest_snapshot: dict[int, tuple[str | None, str | None]] = {}
     for r in rows:  # burst files sort by their timestamped folder, so the last one seen is the latest
         latest_snapshot[r["rank"]] = (r["file"], r["snapshot"])
-    best: dict[int, tuple[int, RankStack]] = {}
+    best: dict[int, tuple[float, RankStack]] = {}
     for r in rows:
         rank = r["rank"]
         if (r["file"], r["snapshot"]) != latest_snapshot[rank] or not r["frames"]:

@@ -6,6 +6,7 @@ import pyarrow.compute as pc
 
 from ranktrace.analyzers.diagnose.candidate import Candidate, ranks_text, stack_evidence
 from ranktrace.analyzers.diagnose.context import Context
+from ranktrace.analyzers.model import OpenSpan
 from ranktrace.analyzers.verdict import Evidence, Finding, Operation, WaitEdge
 
 __all__ = ["init_hang"]
@@ -14,14 +15,14 @@ INIT_NAMES = ("init_process_group", "new_group")
 
 
 def init_hang(ctx: Context) -> list[Candidate]:
-    opened: dict[int, object] = {r: s for r, s in ctx.open_by_rank().items()
-                                  if s.category == "init" and s.name in INIT_NAMES}
+    opened: dict[int, OpenSpan] = {r: s for r, s in ctx.open_by_rank().items()
+                                    if s.category == "init" and s.name in INIT_NAMES}
     ev = ctx.events
     failed = ev.filter(pc.and_(pc.equal(ev["kind"], "error"), pc.is_in(ev["name"], value_set=pa.array(INIT_NAMES))))
     failed_rows = {r["rank"]: r for r in failed.to_pylist() if r["rank"] is not None}
     if not opened and not failed_rows:
         return []
-    names = {s.name for s in opened.values()} | {r["name"] for r in failed_rows.values()}  # type: ignore[attr-defined]
+    names = {s.name for s in opened.values()} | {r["name"] for r in failed_rows.values()}
     name = "init_process_group" if "init_process_group" in names else sorted(names)[0]
     entered = {int(r) for r in ev.filter(pc.and_(pc.equal(ev["name"], name), pc.equal(ev["kind"], "enter")))[
         "rank"].drop_null().to_pylist()}
@@ -32,7 +33,7 @@ def init_hang(ctx: Context) -> list[Candidate]:
         universe = set(range(ctx.world)) if ctx.world else set(entered)
     never = tuple(sorted(universe - entered))
     evidence = [Evidence("events", s.file, s.line, f"entered {s.name} at {s.callsite}, never returned", r)
-                for r, s in sorted(opened.items())]  # type: ignore[attr-defined]
+                for r, s in sorted(opened.items())]
     evidence += [Evidence(f["source"] or "events", f["file"], f["line"], f"{f['name']} failed: {f['error']}", r)
                  for r, f in sorted(failed_rows.items())]
     culprit_ev: list[Evidence] = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from typing import Any
 
 from ranktrace.analyzers.diagnose.candidate import Candidate, ranks_text, stack_evidence, where
 from ranktrace.analyzers.diagnose.context import Context
@@ -206,7 +207,7 @@ def _helper(frames: tuple[str, ...]) -> bool:
 def _one_per_process(stacks: list) -> list:
     """One stack per dumped process (py-spy and the in-rank agent both answer a burst): the py-spy one, else the
     first; stacks with no pid are each their own."""
-    best: dict[object, object] = {}
+    best: dict[object, Any] = {}
     out = []
     for st in stacks:
         if st.pid is None:
