@@ -1,0 +1,1 @@
+../../ranktrace/__init__.py
