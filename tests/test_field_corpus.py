@@ -92,12 +92,13 @@ def test_the_field_score_does_not_drop() -> None:
     import sys
 
     # 137 -> 134 when blame came to need a witness (#25): three barrier cases whose truth names rank 0, which no
-    # line of their input shows (alignmenthandbook-190, llamafactory-2424, nanotron-204), now name it a suspect only
-    res = subprocess.run([sys.executable, str(REPO / "bench" / "field_score.py"), "--inproc", "--min", "134"],
+    # line of their input shows (alignmenthandbook-190, llamafactory-2424, nanotron-204), now name it a suspect only;
+    # 135 with the filelock reader (deepspeed-5205)
+    res = subprocess.run([sys.executable, str(REPO / "bench" / "field_score.py"), "--inproc", "--min", "135"],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     alone = res.stdout.strip().splitlines()[-1]
-    assert "files alone: " in alone and int(alone.split("files alone: ")[1].split("/")[0]) >= 99, alone
+    assert "files alone: " in alone and int(alone.split("files alone: ")[1].split("/")[0]) >= 100, alone
 
 
 def test_an_unnamed_stuck_collective_renders() -> None:

@@ -14,7 +14,7 @@ from ranktrace.analyzers.diagnose.blocked_rule import blocked_outside
 from ranktrace.analyzers.diagnose.candidate import Candidate, op_evidence, ranks_text, stack_evidence
 from ranktrace.analyzers.diagnose.context import Context, build_context
 from ranktrace.analyzers.diagnose.graph_rule import graph_capture
-from ranktrace.analyzers.diagnose.host_wait_rule import cannot_run
+from ranktrace.analyzers.diagnose.host_wait_rule import cannot_run, lock_wait
 from ranktrace.analyzers.diagnose.init_rule import init_hang, nccl_init_hang
 from ranktrace.analyzers.diagnose.failure_rule import init_failure, rank_exit, vanished_first
 from ranktrace.analyzers.diagnose.stacks_rule import anonymous_stacks, stacks_only
@@ -30,7 +30,7 @@ __all__ = ["RULES", "diagnose", "build_context"]
 
 Rule = Callable[[Context], list[Candidate]]
 RULES: list[Rule] = [cannot_run, init_hang, nccl_init_hang, enqueued_then_sync, setup_step, graph_capture, mismatch, stated_mismatch, stated_missing, waiting,
-                     init_failure, rank_exit, vanished_first, barrier_timeout, stuck, reported_timeouts, gloo_timeout, stacks_only, anonymous_stacks,
+                     init_failure, rank_exit, vanished_first, barrier_timeout, stuck, reported_timeouts, gloo_timeout, lock_wait, stacks_only, anonymous_stacks,
                      blocked_outside, startup_stall]
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from ranktrace.analyzers.diagnose.candidate import Candidate, ranks_text, stack_evidence, where
 from ranktrace.analyzers.diagnose.context import Context
-from ranktrace.analyzers.verdict import Finding, Operation
+from ranktrace.analyzers.verdict import Evidence, Finding, Operation
 
-__all__ = ["cannot_run"]
+__all__ = ["cannot_run", "lock_wait", "COMPILERS"]
 
 _HOW = {"stopped": "is stopped (/proc state T: SIGSTOP, Ctrl-Z or a debugger): it runs nothing",
         "uninterruptible": "is in uninterruptible sleep (/proc state D): it is inside the kernel and cannot run"}
@@ -41,3 +41,77 @@ def cannot_run(ctx: Context) -> list[Candidate]:
                       operation=Operation(name=op or frozen[first]),
                       findings=[Finding("blocked_outside_collective", summary, culprits, 0.85, ev)],
                       next_steps=steps)]
+
+
+# frames of a process waiting for a file lock: torch's cpp_extension build lock (FileBaton polls for the lock file to
+# go away), the filelock library (Triton, FlashInfer, Hugging Face, DeepSpeed caches), fcntl / lockf
+_LOCK_FRAMES = ("FileBaton.wait (", "utils/file_baton.py", "filelock/_api.py", "filelock/_unix.py", "flock (",
+                "lockf (")
+# compilers and build drivers a JIT build runs (a live one means the build is progressing: not a hang)
+COMPILERS = frozenset({"nvcc", "cicc", "ptxas", "ninja", "cc1plus", "c++", "g++", "gcc", "clang", "clang++", "ld",
+                       "nvlink", "fatbinary", "cudafe++", "hipcc"})
+
+
+def lock_wait(ctx: Context) -> list[Candidate]:
+    """Ranks waiting for a file lock (a JIT build's lock, a cache's lock) while no collective is pending: named with
+    the lock and whether a build is running. A lock nobody is building behind is stale: a start killed while it held
+    the lock left the file, and every later start waits for it at 0% CPU, with no error."""
+    if ctx.graph.edges or ctx.graph.stuck or ctx.graph.mismatches:
+        return []
+    waits = [o for o in ctx.observations("lock_wait") if (o["value"] or 0) > 0]
+    stacks = {r: s for r, s in ctx.stacks.items() if _in_lock(s.frames)}
+    anon = [s for s in ctx.anon_stacks if _in_lock(s.frames)]
+    if not waits and not stacks and not anon:
+        return []
+    building = sorted({c for o in ctx.observations("thread_state") if (c := _comm(o["detail"])) in COMPILERS
+                       and _recent_cpu(o["detail"])})
+    if building:
+        return []  # a compiler is at work behind the lock: a JIT build in progress, said as progress elsewhere
+    paths = sorted({o["name"] for o in waits if o["name"]})
+    who = tuple(sorted(set(stacks) | {o["rank"] for o in waits if o["rank"] is not None}))
+    what = (f"the file lock {paths[0]}" + (f" (and {len(paths) - 1} more)" if len(paths) > 1 else "") if paths
+            else "a file lock (" + (_lock_frame(next(iter(stacks.values())).frames) if stacks else
+                                    _lock_frame(anon[0].frames)) + ")")
+    n = len(who) or len({s.pid if s.pid is not None else id(s) for s in anon}) or sum(o["value"] or 0 for o in waits)
+    subject = (ranks_text(who) if who else f"{n} process{'es' if n != 1 else ''}")
+    sampled = bool(ctx.observations("thread_state"))
+    why = ("no compiler is running, so no build holds it" if sampled else
+           "nothing in the input shows a holder release it")
+    summary = (f"{subject} {'waits' if n == 1 else 'wait'} for {what} and nobody takes it; {why}: a stale lock "
+               "(left by a start killed while it held it) or a lock on a slow network filesystem. No collective is "
+               "involved")
+    ev = [Evidence(o["source"] or "lock_wait", o["file"], o["line"], f"{o['name']}: {o['detail']}", o["rank"])
+          for o in waits[:4]]
+    ev += [stack_evidence(s, ctx.host_states.get(r, "blocked_other")) for r, s in sorted(stacks.items())][:4]
+    ev += [stack_evidence(s, "blocked_other") for s in anon[:2]]
+    steps = [("Remove the stale lock " + (paths[0] if paths else "file") + " once no process builds behind it (`lsof` "
+              "or `fuser` on it shows no holder; torch's cpp_extension lock is "
+              "~/.cache/torch_extensions/<py>_<cuda>/<ext>/lock), then restart."),
+             "Keep JIT and autotune caches on a local disk (TORCH_EXTENSIONS_DIR, TRITON_CACHE_DIR, FLASHINFER's "
+             "cache dir), not on an NFS home directory."]
+    return [Candidate("blocked_outside_collective", summary, culprits=who, waiting=(),
+                      operation=Operation(name="file_lock"),
+                      findings=[Finding("blocked_outside_collective", summary, who, 0.7, tuple(ev))],
+                      next_steps=steps)]
+
+
+def _in_lock(frames: tuple[str, ...]) -> bool:
+    return any(m in f for f in frames[:6] for m in _LOCK_FRAMES)
+
+
+def _lock_frame(frames: tuple[str, ...]) -> str:
+    return next((f for f in frames[:6] if any(m in f for m in _LOCK_FRAMES)), frames[0] if frames else "?")
+
+
+def _comm(detail: str | None) -> str | None:
+    for part in (detail or "").split():
+        if part.startswith("comm="):
+            return part[5:]
+    return None
+
+
+def _recent_cpu(detail: str | None) -> bool:
+    for part in (detail or "").split():
+        if part.startswith("cpu_ms_last_10s="):
+            return part[16:].isdigit() and int(part[16:]) > 0
+    return True  # no recent-CPU figure: a compiler alive at the last sample counts as working
