@@ -17,6 +17,7 @@ import struct
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 if __package__:
     from ranktrace.tracer import ringformat as rf
@@ -30,8 +31,8 @@ else:  # loaded by path (the guardian runs without site and without the package)
     sys.modules[_spec.name] = rf  # dataclasses look their module up there
     _spec.loader.exec_module(rf)  # type: ignore[union-attr]
 
-__all__ = ["Stat", "RingWriter", "Target", "stat", "ring_writer", "ring_pid", "writer_matches", "environ_dir",
-           "target", "SLACK_S"]
+__all__ = ["Stat", "RingWriter", "Target", "Unreadable", "UNREADABLE", "stat", "ring_writer", "ring_pid",
+           "writer_matches", "environ_dir", "target", "SLACK_S"]
 
 SLACK_S = 1.0   # clock-tick rounding and the monotonic -> boot-time conversion of a ring's creation time
 _TCK = os.sysconf("SC_CLK_TCK")
@@ -205,7 +206,7 @@ class Target:
         self.close()
 
 
-def target(pid: int, check: "callable[[Stat], bool]") -> Target | None:  # type: ignore[valid-type]
+def target(pid: int, check: Callable[[Stat], bool]) -> Target | None:
     """Hold `pid` (a pidfd first, then the check on what runs under it now), or None when `check` refuses it or the
     process is gone. With the pidfd opened before the check, the process checked is the one later signalled."""
     fd = None
