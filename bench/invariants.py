@@ -93,6 +93,8 @@ def check_witness(analysis: Any) -> str | None:
     for f in v["findings"]:
         if f["kind"] != v["kind"]:
             continue
+        if v.get("world_size") and any(e.get("source") == "events" for e in f["evidence"]):
+            seen |= set(range(v["world_size"]))  # our own init records state the world: its ranks are named by it
         if any((e.get("detail") or "").startswith("stated") for e in f["evidence"]):
             seen |= set(f["ranks"])  # an input's own list of the ranks (stall inspector, FR analyzer)
         for e in f["evidence"]:

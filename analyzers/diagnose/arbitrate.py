@@ -254,7 +254,7 @@ def _witnessed(ctx: Context, c: Candidate) -> tuple[Candidate, Finding | None]:
     """Blame needs a witness: culprits no input says anything about are taken off (they are 'unobserved')."""
     if not c.culprits or not ctx.observed_ranks:
         return c, None
-    named = _named_ranks(c)
+    named = _named_ranks(c) | {r for members in ctx.group_ranks.values() for r in members}  # a stated membership
     keep = tuple(r for r in c.culprits if r in ctx.observed_ranks or r in named)
     if keep == c.culprits:
         return c, None

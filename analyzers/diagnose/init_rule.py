@@ -61,7 +61,9 @@ def init_hang(ctx: Context) -> list[Candidate]:
     else:
         steps.append("Every rank entered init: check the rendezvous store (MASTER_ADDR/PORT reachable, same port) "
                      "and, on NCCL, the NCCL INIT/BOOTSTRAP lines for the first rank that stops.")
-    return [Candidate("init_hang", summary, culprits=never, waiting=waiting,
+    # the world size every waiting rank passed to init is a statement that ranks 0..world-1 exist: the ones that
+    # never joined are named by it (witnessed), not guessed
+    return [Candidate("init_hang", summary, culprits=never, waiting=waiting, stated=never if ctx.world else (),
                       operation=Operation(name=name, phase="init"),
                       wait_for=tuple(WaitEdge(r, never, name, None, None) for r in waiting if never),
                       findings=findings, next_steps=steps)]
