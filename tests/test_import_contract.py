@@ -24,7 +24,7 @@ JOB_MODULES = {
     "torch": "patch_c10d reads torch's directory while distributed_c10d is being imported",
     "nvtx": "NVTX ranges, imported lazily in-rank and optional",
 }
-SKIP_DIRS = {".git", ".venv", "build", "traces", "__pycache__", ".pytest_cache"}
+SKIP_DIRS = {".git", ".venv", ".cache", ".typecheck", ".mypy_cache", "build", "traces", "__pycache__", ".pytest_cache"}
 
 
 def imports(path: Path) -> list[tuple[ast.stmt, str, bool]]:
