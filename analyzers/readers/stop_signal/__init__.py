@@ -27,6 +27,7 @@ OBSERVATION_KINDS: dict[str, str] = {
                "stopped from outside; detail = the line",
 }
 
+
 def read_doc(doc: TextDoc) -> ReadResult:
     """One ``stopped`` row per distinct statement (kind, signal) and rank: the first line that says it.
     ReaderError when no line holds one."""
