@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 from collections import Counter
-from typing import Sequence
+from typing import Sequence, cast
 
 from rich.console import Console
 from rich.table import Table
@@ -86,7 +86,7 @@ def _rank_set(ranks: Sequence[int], limit: int = 160) -> str:
 def _hosts_of(v: Verdict, ranks: Sequence[int]) -> str:
     hosts = sorted({v.ranks[r].host for r in ranks if r in v.ranks and v.ranks[r].host}, key=str)
     if len(hosts) <= 3:
-        return ", ".join(hosts)
+        return ", ".join(cast("list[str]", hosts))  # the empty and None hosts are left out above
     return f"{len(hosts)} hosts"
 
 

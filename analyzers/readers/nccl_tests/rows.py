@@ -2,13 +2,14 @@
 of the op that was running where the output stops (``nccl_tests.read_doc`` says when)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ranktrace.analyzers import schema
 from ranktrace.analyzers.opnames import P2P_OPS
 from ranktrace.analyzers.readers.base import ReadResult, Skipped
 from ranktrace.analyzers.readers.nccl_tests import signatures as sig
-from ranktrace.analyzers.readers.nccl_tests.scan import Row, Run
+from ranktrace.analyzers.readers.nccl_tests.scan import RankLine, Row, Run
 
 __all__ = ["result"]
 
@@ -81,7 +82,7 @@ def _enter_rows(run: Run, base: dict[str, Any], line: int, size: int | None, wha
     op, how = _op(run)
     category = "p2p" if op in P2P_OPS else "collective"
     detail = f"{what}; size {size} bytes; op {how}" if size is not None else f"{what}; op {how}"
-    ranks = run.ranks or [None]
+    ranks: Sequence[RankLine | None] = run.ranks or [None]
     world = len(run.ranks) or None
     out = []
     for r in ranks:
