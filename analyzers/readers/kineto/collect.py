@@ -7,7 +7,7 @@ import re
 from array import array
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -77,7 +77,7 @@ class Collector:
         name, cat = ev.get("name"), ev.get("cat")
         if not isinstance(name, str):
             return
-        args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
+        args = cast("dict[str, Any]", ev.get("args")) if isinstance(ev.get("args"), dict) else {}
         try:
             ts = float(ev["ts"])
             dur = float(ev.get("dur") or 0.0)

@@ -3,7 +3,7 @@ per-group and p2p ``seq`` counters and the trace's time regime."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, cast
 
 from ranktrace.analyzers import schema
 from ranktrace.analyzers.opnames import P2P_OPS
@@ -19,7 +19,8 @@ ABSOLUTE_EPOCH_US = 1e15           # ts above this (≈ 2001-09-09) is absolute 
 
 def build_result(collector: Collector, fmt: str) -> ReadResult:
     """The reader's result for one collected trace: identity, group and per-op rows, plus the skip notes."""
-    info = collector.meta.get("distributedInfo") if isinstance(collector.meta.get("distributedInfo"), dict) else {}
+    info = (cast("dict[str, Any]", collector.meta.get("distributedInfo"))
+            if isinstance(collector.meta.get("distributedInfo"), dict) else {})
     rank, world = to_int(info.get("rank")), to_int(info.get("world_size"))
     backend = info.get("backend") if isinstance(info.get("backend"), str) else None
     pgs = pg_config(info.get("pg_config"))
