@@ -50,7 +50,7 @@ class Comm:
     info: dict[str, str] = field(default_factory=dict)
     n_coll: int = 0
     first_coll_line: int | None = None
-    p2p: dict[tuple[int | None, int], int] = field(default_factory=dict)
+    p2p: dict[tuple[int | None, int | None], int] = field(default_factory=dict)
 
 
 #: Integers kept per COLL row (one ``(rows, 9)`` int64 block per chunk: no Python object outlives its chunk).
