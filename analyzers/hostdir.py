@@ -43,7 +43,7 @@ class Window:
     dropped: dict[str, tuple[int, int]] = field(default_factory=dict)   # channel -> lowest, highest seq dropped
     records: int = 0      # op-slot records read
     kept: int = 0         # of them kept
-    prefixes: dict[int, tuple[np.ndarray, list[str], int]] = field(default_factory=dict)  # window.labels_before
+    prefixes: dict[int, tuple[np.ndarray, list[str | None], int]] = field(default_factory=dict)  # window.labels_before
 
     @property
     def cut(self) -> bool:

@@ -30,7 +30,7 @@ class HostRings:
     dropped: dict[str, tuple[int, int]] = field(default_factory=dict)   # channel -> (lowest, highest) seq dropped
     records: int = 0
     kept: int = 0
-    prefixes: dict[int, tuple[np.ndarray, list[str], int]] = field(default_factory=dict)  # window.labels_before
+    prefixes: dict[int, tuple[np.ndarray, list[str | None], int]] = field(default_factory=dict)  # window.labels_before
 
 
 def read_host_rings(rings: list[Path], host: str, rows: int,

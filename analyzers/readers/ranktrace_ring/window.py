@@ -370,7 +370,7 @@ def _channels(rec: Records, rows: np.ndarray) -> tuple[np.ndarray, list[str]]:
     return dense.astype(np.int64).ravel(), chan_names
 
 
-def labels_before(rec: Records, keep: np.ndarray) -> dict[int, tuple[np.ndarray, list[str], int]]:
+def labels_before(rec: Records, keep: np.ndarray) -> dict[int, tuple[np.ndarray, list[str | None], int]]:
     """What each rank ran before the records it keeps, for telling where its sequence departs from the others'
     (analyzers.diagnose.context.departures): per rank, its issued ops in issue order (enter time, then seq) up to
     its last dropped one, as codes into a table of "name @ call site" labels, and how many ops of those were kept
@@ -391,7 +391,7 @@ def labels_before(rec: Records, keep: np.ndarray) -> dict[int, tuple[np.ndarray,
     width = len(rec.strings) + 1
     pair = (first_valid(rec.name) + 1) * width + (first_valid(rec.callsite) + 1)
     kept = keep[ops.first]
-    out: dict[int, tuple[np.ndarray, list[str], int]] = {}
+    out: dict[int, tuple[np.ndarray, list[str | None], int]] = {}
     issued = np.flatnonzero(ops.issued)
     for r in np.unique(ops.rank[issued]):
         mine = issued[ops.rank[issued] == r]
