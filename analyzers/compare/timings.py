@@ -6,7 +6,7 @@ sampled past a bound, so 8 ranks x 1M events stay cheap."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -95,7 +95,7 @@ def phase_durations(an: RunTables) -> dict[str, tuple[float, str]]:
     first, last, t0 = _collective_span(an)
     if first is not None and t0 is not None:
         out["time to first collective"] = ((first - t0) / 1e9, "first event to first collective")
-        out["time to last collective issued"] = ((last - t0) / 1e9, "first event to last collective")
+        out["time to last collective issued"] = ((cast(int, last) - t0) / 1e9, "first event to last collective")
     return out
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import re
-from typing import Iterator, NamedTuple
+from typing import Iterator, NamedTuple, cast
 
 from ranktrace.analyzers.readers.base import Skipped
 
@@ -249,7 +249,7 @@ class LogParser:
             return False
         self.recognised = True
         key = f"serve {what} {pid} {sorted(tags.items())} {vllm_rank}"
-        count = (self.progress[key].value + 1) if key in self.progress and value is None else 1
+        count = (cast(int, self.progress[key].value) + 1) if key in self.progress and value is None else 1
         self.progress[key] = Hit(number, "serve", what, None, value if value is not None else count,
                                   _detail(tags, message), tags, vllm_rank, pid, wall)
         return True
