@@ -18,7 +18,7 @@ import html
 import shlex
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 import numpy as np
 import pyarrow as pa
@@ -143,8 +143,11 @@ def _run_header(result: Analysis) -> str:
         hosts = sorted({(h.meta or {}).get("hostname") or (h.meta or {}).get("host") or h.host_dir.name
                         for h in result.hosts})
         rows.append(("host", _e(", ".join(hosts))))
-        starts = [(h.meta or {}).get("start_wall_ns") for h in result.hosts if (h.meta or {}).get("start_wall_ns")]
-        ends = [(h.meta or {}).get("end_wall_ns") for h in result.hosts if (h.meta or {}).get("end_wall_ns")]
+        # the ones a host's meta.json states (the filters drop the unset)
+        starts = cast("list[int]", [(h.meta or {}).get("start_wall_ns") for h in result.hosts
+                                    if (h.meta or {}).get("start_wall_ns")])
+        ends = cast("list[int]", [(h.meta or {}).get("end_wall_ns") for h in result.hosts
+                                  if (h.meta or {}).get("end_wall_ns")])
         if starts:
             rows.append(("start", _e(_when(min(starts)))))
             if ends and len(ends) == len(result.hosts):
