@@ -16,7 +16,7 @@ Figures (2026-12-02, this 2-core VM, shared with other runs at load 4-11): 4 pai
 load 4.5), per-token latency x1.28 median (min x1.03), the same answer in every pair. At load ~3 the start-up took
 26.0 s traced vs 24.0 / 27.1 s plain, and the job's processes used 35.7 CPU-s traced vs 33.7 / 34.6 plain (trace run
 itself 0.8 CPU-s); a traced completion of 8 tokens writes ~680 ring records in all ranks, and trace run used 0.02
-CPU-s over 1.9 s of serving: what the medians add above that is the machine, not the tracer.
+CPU-s (py-spy included) over 1.9 s of serving, so most of what the medians add is likely the machine; not proven.
 """
 from __future__ import annotations
 
