@@ -244,7 +244,7 @@ class Run:
 
 def start(name: str, base: Path, *, traced: bool = True, fault: str | None = None, hang_after: float = 10,
           on_hang: str = "kill", extra: tuple[str, ...] = (), extra_serve: tuple[str, ...] = (),
-          arm: Path | None = None) -> Run:
+          arm: Path | None = None, env: dict[str, str] | None = None) -> Run:
     """`[trace run -o base/name --hang-after S --on-hang kill --] vllm serve ...` in a session of its own."""
     base.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -256,7 +256,7 @@ def start(name: str, base: Path, *, traced: bool = True, fault: str | None = Non
                 str(hang_after), "--on-hang", on_hang, *extra, "--", *argv]
     out = open(log, "wb")
     proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(base),
-                            env=vllm_env(fault, arm=arm), start_new_session=True)
+                            env={**vllm_env(fault, arm=arm), **(env or {})}, start_new_session=True)
     out.close()
     return Run(name, run_dir, log, port, proc, time.monotonic())
 
