@@ -29,7 +29,7 @@ from ranktrace.analyzers.verdict import Evidence, Finding, HostSummary, InputSum
 __all__ = ["RULES", "diagnose", "build_context"]
 
 Rule = Callable[[Context], list[Candidate]]
-RULES: list[Rule] = [cannot_run, init_hang, nccl_init_hang, enqueued_then_sync, setup_step, graph_capture, mismatch, stated_mismatch, stated_missing, waiting,
+RULES: list[Rule] = [init_hang, nccl_init_hang, enqueued_then_sync, setup_step, graph_capture, mismatch, stated_mismatch, stated_missing, waiting, cannot_run,
                      init_failure, rank_exit, vanished_first, barrier_timeout, stuck, reported_timeouts, gloo_timeout, lock_wait, stacks_only, anonymous_stacks,
                      blocked_outside, startup_stall]
 

@@ -259,9 +259,11 @@ def _witnessed(ctx: Context, c: Candidate) -> tuple[Candidate, Finding | None]:
     if keep == c.culprits:
         return c, None
     dropped = tuple(r for r in c.culprits if r not in keep)
+    cited = tuple(e for f in c.findings for e in f.evidence)[:3] or (
+        Evidence("meta", None, None, f"no record, stack or line of {ranks_text(dropped)} in any input"),)
     note = Finding("unwitnessed_culprits", f"{ranks_text(dropped)} would be blamed, but no input says anything about "
                    f"{'it' if len(dropped) == 1 else 'them'}: not named as culprit{'s' if len(dropped) > 1 else ''}",
-                   dropped, 0.9, ())
+                   dropped, 0.9, cited)
     return replace(c, culprits=keep), note
 
 

@@ -13,7 +13,10 @@ __all__ = ["blocked_outside"]
 
 
 def blocked_outside(ctx: Context) -> list[Candidate]:
-    blocked = sorted(r for r, st in ctx.host_states.items() if st in ("blocked_other", "idle_loop"))
+    blocked = sorted(r for r, st in ctx.host_states.items() if st == "blocked_other")
+    # a rank waiting for work (idle_loop) beside a blocked one waits for what that one never sends: it is no culprit;
+    # only when every rank is idle are the idle ones what the sentence is about
+    blocked = blocked or sorted(r for r, st in ctx.host_states.items() if st == "idle_loop")
     if not blocked:
         return []
     pending = bool(ctx.graph.edges or ctx.graph.stuck or ctx.graph.mismatches)

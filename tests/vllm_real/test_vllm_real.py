@@ -137,15 +137,11 @@ def test_rank_1_blocked_in_memory_profiling_is_reported_live_in_that_phase(runs)
     assert r.rc == 3
 
 
-@pytest.mark.xfail(reason=DECISION + "rank 0 waiting for work (idle_loop) is named a culprit beside rank 1 "
-                          "(blocked_outside_collective counts idle_loop as blocked): culprits [0, 1]", strict=False)
 def test_rank_1_blocked_in_memory_profiling_is_the_only_culprit(runs):
     assert_live(scenario(runs, "memory-profiling"), 1, "blocked_other")
 
 
 @pytest.mark.skipif(os.environ.get("RANKTRACE_VLLM_ALL") != "1", reason="RANKTRACE_VLLM_ALL=1 runs it (CI time)")
-@pytest.mark.xfail(reason=DECISION + "a stopped rank is not named: culprit 0 (blocked in MessageQueue.wait_until_ready "
-                          "for it)", strict=False)
 def test_a_worker_stopped_after_loading_is_named(runs):
     r = scenario(runs, "stop-after-load")
     assert_live(r, 1, "stopped")
@@ -181,8 +177,6 @@ def test_vllm_refusing_its_own_arguments_is_a_crash_never_a_hang(runs):
     assert "must be divisible by tensor parallel size" in r.output  # vLLM's own error, passed through
 
 
-@pytest.mark.xfail(reason=DECISION + "CRASHED, but headlined by stacks sampled during start-up (pydantic "
-                          "__init__), not by vLLM's own ValidationError", strict=False)
 def test_vllm_refusing_its_own_arguments_is_headlined_by_its_error(runs):
     v = scenario(runs, "own-error").verdict
     assert v is not None and "divisible" in v["summary"], v and v["summary"]

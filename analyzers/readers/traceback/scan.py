@@ -104,6 +104,7 @@ class _Open:
     indent: int = -1
     exc: tuple[str, str, int] | None = None
     wants_detail: bool = False
+    continued: int = 0       # indented lines already taken into the message (pydantic's "  Value error, ...")
 
 
 class _Scanner:
@@ -181,6 +182,14 @@ class _Scanner:
                 tb.exc = (typ, s, no)
                 tb.wants_detail = False
             elif tb.wants_detail and s:
+                return
+            elif (tb.exc is not None and s and text[:1] in " \t" and tb.continued < 2 and len(tb.exc[1]) < 300
+                  and not s.startswith(("File ", "During handling", "The above exception"))):
+                # a message that goes on, indented, on the next lines (pydantic's ValidationError says what failed
+                # there): part of the message, which is what a person reads first
+                typ, msg, no = tb.exc
+                tb.exc = (typ, f"{msg}: {s}"[:400] if msg else s[:400], no)
+                tb.continued += 1
                 return
             self.close(key)
         self.remember(ln, key, text)
