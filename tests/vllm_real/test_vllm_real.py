@@ -24,7 +24,6 @@ pytestmark = pytest.mark.skipif(WHY is not None, reason=WHY or "")
 HANG_AFTER = 10
 #: verdicts the decision layer (analyzers/diagnose, another engineer's, being rewritten) still gets wrong; each test
 #: below asserts the right answer and is marked with what it says today, so that a fix shows as XPASS
-DECISION = "decision layer: "
 #: the live verdict must come within --hang-after + this of the fault (the watchdog's burst and analysis included)
 LIVE_SLACK = 12  # "~10 s": two servers share 2 cores here; a start-up rank's last I/O can trail its fault
 
