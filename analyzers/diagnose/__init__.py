@@ -129,7 +129,6 @@ def _sentence(s: str) -> str:
     return (s[0].upper() + s[1:] + ("" if s.endswith(".") else ".")) if s else s
 
 
-_serving = arbitration.serving
 
 
 def _status(ctx: Context, primary: Candidate | None) -> str:
@@ -148,7 +147,7 @@ def _status(ctx: Context, primary: Candidate | None) -> str:
         return "crashed"
     if primary is not None:
         return "hang"
-    if _serving(ctx):
+    if arbitration.serving(ctx):
         return "idle"
     if not job.traced and _finished(ctx):
         return "completed"
@@ -209,7 +208,7 @@ def _no_primary(ctx: Context, status: str) -> tuple[str, str, list[str]]:
         return ("no_hang", "The job was stopped from outside (a signal to its launcher, a scheduler's cancel); "
                 "nothing before the stop shows a hang or a failure, so nobody is blamed.", [])
     if status == "stopped":
-        if _serving(ctx):
+        if arbitration.serving(ctx):
             return ("no_hang", "The server was serving when it was stopped from outside (a scheduler, `timeout`, a "
                     "person): no hang was seen before the stop, so nobody is blamed.", [])
         return ("no_hang", "The job was stopped from outside (a scheduler, `timeout`, a person) while it was making "

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ranktrace.analyzers.diagnose.candidate import Candidate, ranks_text
+from ranktrace.analyzers.diagnose.candidate import Candidate, from_burst, ranks_text
 from ranktrace.analyzers.diagnose.context import Context
 from ranktrace.analyzers.verdict import Evidence, Finding
 
@@ -272,18 +272,16 @@ def _named_ranks(c: Candidate) -> set[int]:
     return set(c.stated) | {e.rank for f in c.findings for e in f.evidence if e.rank is not None}
 
 
-def hang_seen_before_stop(ctx: Context, candidates: list[Candidate]) -> bool:
+def hang_seen_before_stop(ctx: Context) -> bool:
     """Before the job was stopped from outside, was a hang already seen? A burst the watchdog (or a person's
     `trace snapshot`) took before the stop, or a call left open since at least the default silence threshold."""
     stop = ctx.job.stopped_ns
     if stop is None:
         return True
-    if set(ctx.rank_exits) - set(ctx.exits_after_stop):
-        return True  # a rank ended on its own before the stop: that is what happened, not the stop
     st = ctx.inputs.stacks
     if st.num_rows:
         for f, w in zip(st["file"].to_pylist(), st["wall_ns"].to_pylist()):
-            if f and "/dumps/" in f.replace("\\", "/") and (w is None or w < stop):
+            if from_burst(f) and (w is None or w < stop):
                 return True
     limit = stop - int(DEFAULT_HANG_AFTER_S * 1e9)
     ops = ctx.ops
@@ -339,10 +337,10 @@ def _stop_without_hang(ctx: Context, candidates: list[Candidate]) -> Finding | N
     job = ctx.job
     if not job.traced:
         return _untraced_stop(ctx, candidates)
-    if not (job.traced and job.ended) or job.killed_on_hang or job.stopped_ns is None:
+    if not job.ended or job.killed_on_hang or job.stopped_ns is None:
         return None
     # nothing any rule would call a hang: the stop is the whole story; else it must not have been seen before it
-    if any(c.primary for c in candidates) and hang_seen_before_stop(ctx, candidates):
+    if any(c.primary for c in candidates) and hang_seen_before_stop(ctx):
         return None
     if set(ctx.rank_exits) - set(ctx.exits_after_stop):
         return None  # a rank ended on its own before the stop: that is what happened, not the stop

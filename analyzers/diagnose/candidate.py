@@ -12,7 +12,7 @@ from ranktrace.analyzers.stacks import normalise_frame
 from ranktrace.analyzers.verdict import Evidence, Finding, Operation, WaitEdge
 from ranktrace.analyzers.waitfor import PendingOp
 
-__all__ = ["Candidate", "op_evidence", "stack_evidence", "operation_of", "group_desc", "where", "ranks_text"]
+__all__ = ["Candidate", "from_burst", "op_evidence", "stack_evidence", "operation_of", "group_desc", "where", "ranks_text"]
 
 
 @dataclass
@@ -28,6 +28,12 @@ class Candidate:
     primary: bool = True   # False: findings only, never the verdict
     stated: tuple[int, ...] = ()  # ranks an input names outright (a stall inspector's "missing ranks: 1, 5"):
     #                               witnessed even where no line of theirs is in the input (diagnose.arbitrate)
+
+
+def from_burst(file: str | None) -> bool:
+    """A stack read from a burst (``<host>/dumps/<time>/``: taken when the watchdog or `trace snapshot` found the job
+    silent), not from the periodic samples."""
+    return "/dumps/" in (file or "").replace("\\", "/")
 
 
 def ranks_text(ranks: "tuple[int, ...] | list[int] | set[int]") -> str:

@@ -183,15 +183,14 @@ def vanished_first(ctx: Context) -> list[Candidate]:
     the one the rest of the job waited for or was torn down after."""
     if not ctx.job.traced:
         return []
-    last: dict[int, tuple[int, dict[str, Any]]] = {}
+    last: dict[int, tuple[int, dict[str, Any]]] = {}   # rank -> when its process was last sampled alive
     for o in ctx.observations("proc_memory"):
         r, w = o["rank"], o["wall_ns"]
-        if r is None or w is None or r in ctx.rank_exits:
-            continue  # a rank that recorded its own exit is rank_exit's (and the stop's) to judge
-        if r not in last or w > last[r][0]:
+        if r is not None and w is not None and (r not in last or w > last[r][0]):
             last[r] = (w, o)
-    seen = {o["rank"]: o["wall_ns"] for o in ctx.observations("proc_memory") if o["rank"] is not None
-            and o["wall_ns"] is not None}
+    seen = {r: w for r, (w, _o) in last.items()}
+    # a rank that recorded its own exit is rank_exit's (and the stop's) to judge
+    last = {r: v for r, v in last.items() if r not in ctx.rank_exits}
     if len(seen) < 2 or not last:
         return []
     later = max(seen.values())

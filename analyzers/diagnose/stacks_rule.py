@@ -10,7 +10,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from ranktrace.analyzers.diagnose.candidate import Candidate, ranks_text, stack_evidence, where
+from ranktrace.analyzers.diagnose.candidate import Candidate, from_burst, ranks_text, stack_evidence, where
 from ranktrace.analyzers.diagnose.context import Context
 from ranktrace.analyzers.hoststate import TRACER_FRAME
 from ranktrace.analyzers.stacks import normalise_frame
@@ -131,14 +131,14 @@ def anonymous_stacks(ctx: Context) -> list[Candidate]:
     if ctx.job.traced and ctx.job.ended and not ctx.job.killed_on_hang:
         # a run that ended by itself: the watchdog's periodic samples show where processes were while they still
         # ran, not a hang; only a burst (taken on silence) can say a process was stuck
-        anon = [s for s in anon if "/dumps/" in (s.file or "").replace("\\", "/")]
+        anon = [s for s in anon if from_burst(s.file)]
         if not anon:
             return []
     if _moved_between_dumps(anon):
         return []  # the dumped processes are somewhere else in each dump: they make progress
     states = [(s, classify(s.frames, s.thread_state)) for s in _one_per_process(anon)]
     inside = [(s, c) for s, _st in states if (c := collective_in_stack(s.frames)) is not None]
-    if not inside and states and all(st == "running" and _importing(s.frames) or _launcher_join(s.frames)
+    if not inside and states and all((st == "running" and _importing(s.frames)) or _launcher_join(s.frames)
                                      for s, st in states) and any(_importing(s.frames) for s, _ in states):
         return []  # processes importing their modules (and a launcher waiting for them): a start-up, not a hang
     n = len(states)
