@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ranktrace.analyzers.model import Analysis
+from ranktrace.analyzers.model.values import Analysis
 from ranktrace.analyzers.report.spans import span_table
 
 __all__ = ["TABLES", "FORMATS", "NoDuckDB", "run_tables", "sample_tables", "write", "sql", "duckdb_module",

@@ -55,7 +55,7 @@ class Operation:
 
 @dataclass(frozen=True)
 class PhaseEntry:
-    """One start-up phase of one rank (analyzers/phases.py): DESIGN §5's ``phases`` list."""
+    """One start-up phase of one rank (analyzers/model/phases.py): DESIGN §5's ``phases`` list."""
 
     rank: int | None          # None: a process without a rank (the server's main process)
     name: str                 # torch_distributed_init | weight_loading | kv_cache_alloc | cuda_graph_capture | ...

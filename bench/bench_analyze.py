@@ -2,7 +2,7 @@
 
 What it builds: a hung job of ``--ranks`` ranks spread over ``--hosts`` host directories (``<run>/<host>/``, 8 ranks
 a host by default), every rank's ring in the real recorder format (tracer/rank/recorder.py, layout
-tracer/ringformat.py): identity, both group records and init_process_group enter/exit in the meta region, then
+tracer/formats/ringformat.py): identity, both group records and init_process_group enter/exit in the meta region, then
 ``--events`` op records, enter/exit pairs of all_reduce and broadcast alternating on two gloo groups ("0" =
 default_pg, "1" = a second world group) with per-group seq and interned call sites / dtype / shape — what the
 in-rank wrappers record. The last rank stops one op early, the others enter one more op and never leave it: the
@@ -18,7 +18,7 @@ parent right after it is set), and the bench kills that group on any exit, SIGTE
 
 Two copies are analyzed: ``live/`` (rings only, meta.json without an exit: a job still hung) and ``fin/``
 (``finalize_host_dir`` per host: events.arrow, and meta.json with the exit of an ``--on-hang kill`` run). Each
-analysis runs in a **fresh child process** (``facade.analyze([run], liveness=None)`` as ``trace analyze`` calls
+analysis runs in a **fresh child process** (``api.analyze([run], liveness=None)`` as ``trace analyze`` calls
 it), ``--repeat`` times in that process: the first run is the cold figure a user sees (imports excluded, shown
 apart), the median of the others the warm one. Per run: wall seconds, CPU seconds (user + system, getrusage of the
 child) and the child's peak RSS (ru_maxrss) after it. The parent watches the child's RSS and kills it above
@@ -116,8 +116,8 @@ def _write_slots_numpy(rec: Any, total: int, pairs: int, tid: int, gids: list[in
     """The slots ``Recorder.op`` would write for the loop in write_rank, in one numpy write (ringformat layout)."""
     import numpy as np
 
-    from ranktrace.tracer import ringformat as rf
-    from ranktrace.tracer.ringreader import slot_dtype
+    from ranktrace.tracer.formats import ringformat as rf
+    from ranktrace.tracer.formats.ringreader import slot_dtype
 
     i = np.arange(total, dtype=np.int64)
     n = total + min(pairs, total)          # records: an enter per op, an exit for the first `pairs`
@@ -305,7 +305,7 @@ def generate(run_dir: Path, ranks: int, hosts: int, events: int, writer: str, jo
 
 
 def _ring_pid(ring: Path) -> int:
-    from ranktrace.tracer import ringformat as rf
+    from ranktrace.tracer.formats import ringformat as rf
 
     with open(ring, "rb") as f:
         return rf.HEADER.unpack(f.read(rf.HEADER.size))[2]
@@ -367,9 +367,9 @@ def child(args: argparse.Namespace) -> int:
         _use_tree(Path(args.impl[-1]))
     else:
         sys.path.insert(0, str(REPO))
-    from ranktrace.analyzers import facade
+    from ranktrace.analyzers import api
 
-    print(json.dumps({"import_s": time.perf_counter() - t0, "impl": facade.__file__}), flush=True)
+    print(json.dumps({"import_s": time.perf_counter() - t0, "impl": api.__file__}), flush=True)
     for i in range(args.repeat):
         r0, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         if args.profile and i == 0:
@@ -378,11 +378,11 @@ def child(args: argparse.Namespace) -> int:
 
             pr = cProfile.Profile()
             pr.enable()
-            a = facade.analyze([Path(args.path)], liveness=None)
+            a = api.analyze([Path(args.path)], liveness=None)
             pr.disable()
             pstats.Stats(pr, stream=sys.stderr).sort_stats("cumulative").print_stats(40)
         else:
-            a = facade.analyze([Path(args.path)], liveness=None)
+            a = api.analyze([Path(args.path)], liveness=None)
         wall = time.perf_counter() - t1
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         v = a.verdict

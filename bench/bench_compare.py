@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_analyze import Writers, host_name, prepare  # noqa: E402
 
-from ranktrace.analyzers import facade  # noqa: E402
+from ranktrace.analyzers import api  # noqa: E402
 from ranktrace.analyzers.compare import compare_analyses, compare_paths  # noqa: E402
 from ranktrace.analyzers.compare.whole import run_tables  # noqa: E402
 
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"traces: 2 x {args.ranks} ranks x ~{args.events:,} events = 2 x {n:,} events in {root}")
         walls, cpu, cmp = _timed(lambda: compare_paths(a, b, liveness=None), args.repeat)
         total = statistics.median(walls)
-        ra, rb = facade.analyze([a], liveness=None), facade.analyze([b], liveness=None)
+        ra, rb = api.analyze([a], liveness=None), api.analyze([b], liveness=None)
         tables = (run_tables(ra, a, liveness=None), run_tables(rb, b, liveness=None))
         step_walls, step_cpu, _ = _timed(lambda: compare_analyses(ra, rb, str(a), str(b), tables=tables),
                                          args.repeat)

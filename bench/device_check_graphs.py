@@ -99,8 +99,8 @@ def run_job(trace_dir: Path, world: int) -> int:
 
 def read_rings(trace_dir: Path) -> dict[int, dict]:
     sys.path.insert(0, str(REPO))
-    from ranktrace.tracer import ringformat as rf
-    from ranktrace.tracer.ringreader import read_ring
+    from ranktrace.tracer.formats import ringformat as rf
+    from ranktrace.tracer.formats.ringreader import read_ring
 
     out: dict[int, dict] = {}
     for ring in sorted((trace_dir / "host" / "rings").glob("*.ring")):

@@ -75,7 +75,7 @@ def check_run(run_dir: Path, returncode: int, stderr: str, *, gpus: int, standin
     test stand-in (no GPU, no kernels): the GPU-only checks are skipped."""
     import pyarrow.compute as pc
 
-    from ranktrace.analyzers import facade
+    from ranktrace.analyzers import api
     from ranktrace.analyzers.readers import nsys as nsys_reader
 
     out: list[Check] = [Check("trace run exits 3 (hang found, job killed)", returncode == 3, f"exit {returncode}")]
@@ -118,7 +118,7 @@ def check_run(run_dir: Path, returncode: int, stderr: str, *, gpus: int, standin
     except (OSError, ValueError, KeyError) as e:
         out.append(Check("the verdict is the hang", False, f"verdict.json: {e}"))
     try:
-        an = facade.analyze([run_dir], liveness=None)
+        an = api.analyze([run_dir], liveness=None)
         ranks = sorted({r for r in an.events.filter(pc.equal(an.events["source"], "nsys"))["rank"].to_pylist()
                         if r is not None})
         out.append(Check("the export's processes take the ranks of the rings", bool(ranks), f"ranks {ranks}"))

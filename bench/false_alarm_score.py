@@ -5,7 +5,7 @@ its case.json says which ("truth": completed | no_hang | idle | stopped) and wha
 None of them may get a hang or crash verdict, and none may name a culprit rank.
 
 Each case is analysed as a user would (`trace analyze <its files>`): in this process through
-`ranktrace.analyzers.facade.analyze(paths, liveness=None)` by default, or with --subprocess in a fresh
+`ranktrace.analyzers.api.analyze(paths, liveness=None)` by default, or with --subprocess in a fresh
 `python -m ranktrace.cli analyze --json --no-snapshot` per case. Prints per case status/kind/culprits, then per split
 (tune / holdout / all):
 
@@ -71,10 +71,10 @@ def analyze_case(case: dict[str, Any], subprocess_mode: bool = False) -> dict[st
     if missing:
         return {"status": "error", "kind": f"missing input: {missing}"}
     if not subprocess_mode:
-        from ranktrace.analyzers import facade
+        from ranktrace.analyzers import api
 
         try:
-            return facade.analyze(paths, liveness=None).verdict.to_dict()
+            return api.analyze(paths, liveness=None).verdict.to_dict()
         except Exception as e:  # an InputError or a crash is a wrong answer, never a crashed scorer
             return {"status": "error", "kind": f"{type(e).__name__}: {str(e)[:200]}"}
     res = subprocess.run([sys.executable, "-m", "ranktrace.cli", "analyze", "--json", "--no-snapshot",

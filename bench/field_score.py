@@ -45,10 +45,10 @@ def load_cases(root: Path = FIELD) -> list[dict[str, Any]]:
 def analyze_case(case: dict[str, Any], inproc: bool) -> dict[str, Any]:
     files = [str(case["dir"] / f) for f in case["files"]]
     if inproc:
-        from ranktrace.analyzers import facade
+        from ranktrace.analyzers import api
 
         try:
-            return facade.analyze([Path(f) for f in files], liveness=None).verdict.to_dict()
+            return api.analyze([Path(f) for f in files], liveness=None).verdict.to_dict()
         except Exception as e:  # a crash is a wrong answer, never a crashed scorer
             return {"status": "error", "kind": f"{type(e).__name__}: {e}"}
     res = subprocess.run([sys.executable, "-m", "ranktrace.cli", "analyze", "--json", "--no-snapshot", *files],
@@ -94,7 +94,7 @@ def _kinds_agree(t_kind: str, v_kind: str, truth: dict[str, Any]) -> bool:
 def _ops_agree(t_op: str, v_op: str | None) -> bool:
     if not v_op:
         return False
-    from ranktrace.analyzers.opnames import canonical_op
+    from ranktrace.tracer.formats.opnames import canonical_op
 
     a, b = canonical_op(t_op), canonical_op(v_op)
     families = [{"all_gather", "all_gather_into_tensor", "all_gather_coalesced"},

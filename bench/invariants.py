@@ -70,9 +70,9 @@ def cases(which: set[str] | None = None) -> Iterator[tuple[str, str, list[Path],
 
 
 def analyze(paths: list[Path]) -> Any:
-    from ranktrace.analyzers import facade
+    from ranktrace.analyzers import api
 
-    return facade.analyze(paths, liveness=None)
+    return api.analyze(paths, liveness=None)
 
 
 def brief(v: dict[str, Any]) -> tuple:

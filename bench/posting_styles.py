@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import field_score  # noqa: E402
 
-from ranktrace.analyzers import facade  # noqa: E402
+from ranktrace.analyzers import api  # noqa: E402
 
 
 def _each(prefix: Callable[[int], str]) -> Callable[[str], str]:
@@ -85,7 +85,7 @@ def judged(case: dict, style: str | None, tmp: Path) -> tuple[bool, str, dict]:
             dst.write_text(STYLES[style](text) if style else text, encoding="utf-8")
         files.append(dst)
     try:
-        v = facade.analyze(files, liveness=None).verdict.to_dict()
+        v = api.analyze(files, liveness=None).verdict.to_dict()
     except Exception as e:  # a crash is a wrong answer, never a crashed bench
         v = {"status": "error", "kind": f"{type(e).__name__}: {e}"}
     ok, why = field_score.judge(case["truth"], v)

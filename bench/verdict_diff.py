@@ -1,6 +1,6 @@
 """Analyze the same inputs with two builds and say where their verdicts differ (issue #19: every verdict identical).
 
-Each build runs in its own fresh process over every path (``facade.analyze([path], liveness=None)``), with its own
+Each build runs in its own fresh process over every path (``api.analyze([path], liveness=None)``), with its own
 environment (``--env-a`` / ``--env-b``, e.g. ``RANKTRACE_WINDOW_ROWS=16`` to force the window on small runs); the
 verdicts are compared as JSON (``Verdict.to_dict``), key by key. A build is this tree (``.``) or another source
 tree (``git archive <commit> | tar -x -C DIR``).
@@ -27,11 +27,11 @@ def _child(tree: str, paths: list[str]) -> int:
         import bench_analyze
 
         bench_analyze._use_tree(Path(tree))
-    from ranktrace.analyzers import facade
+    from ranktrace.analyzers import api
 
     for p in paths:
         try:
-            v = facade.analyze([Path(p)], liveness=None).verdict.to_dict()
+            v = api.analyze([Path(p)], liveness=None).verdict.to_dict()
             out: dict[str, Any] = {"path": p, "verdict": v}
         except Exception as e:  # noqa: BLE001 - reported, compared like a verdict
             out = {"path": p, "error": f"{type(e).__name__}: {e}"}

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
-    from ranktrace.analyzers.model import Analysis
+    from ranktrace.analyzers.model.values import Analysis
     from ranktrace.analyzers.verdict import Verdict
 
 __all__ = ["main"]
@@ -184,10 +184,10 @@ def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll
     if perfetto is not None:
         if analysis is None:  # --no-analyze: analyzed for the picture only, nothing written into the run
             try:
-                from ranktrace.analyzers import facade
+                from ranktrace.analyzers import api
                 from ranktrace.tracer.watch import live
 
-                analysis = facade.analyze([outcome.run_dir], liveness=live.liveness([outcome.run_dir]))
+                analysis = api.analyze([outcome.run_dir], liveness=live.liveness([outcome.run_dir]))
             except Exception as e:
                 _err(f"{perfetto} not written: analysis failed: {type(e).__name__}: {e}")
         if analysis is not None and _write_picture(perfetto, "perfetto", analysis):
@@ -268,10 +268,10 @@ def bisect(output: Path | None, budget: int | None, time_budget: str | None, rep
 
 def _refresh(run_dir: Path) -> Analysis:
     """verdict.json and report.html of a run dir, analyzed now with what is alive of its job on this machine."""
-    from ranktrace.analyzers import facade
+    from ranktrace.analyzers import api
     from ranktrace.tracer.watch import live
 
-    refreshed = facade.refresh_run(run_dir, live.liveness([run_dir]))
+    refreshed = api.refresh_run(run_dir, live.liveness([run_dir]))
     if refreshed.problem:
         _err(refreshed.problem)
     return refreshed.analysis
@@ -358,7 +358,7 @@ def _write_picture(out: Path, kind: str, result: Analysis) -> bool:
 def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None, html_out: Path | None,
             snapshot: bool) -> None:
     """Analyze a trace directory, or any folder/files of logs and dumps, and print one verdict."""
-    from ranktrace.analyzers import facade
+    from ranktrace.analyzers import api
     from ranktrace.analyzers.report import html_report, perfetto_report
     from ranktrace.tracer.watch import live
 
@@ -378,8 +378,8 @@ def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None, html_
             _err(f"live snapshot skipped: {type(e).__name__}: {e}")
 
     try:
-        result = facade.analyze(list(paths), liveness=live.liveness(dirs))
-    except facade.InputError as e:
+        result = api.analyze(list(paths), liveness=live.liveness(dirs))
+    except api.InputError as e:
         _err(str(e))
         sys.exit(EXIT_USAGE)
     except Exception as e:  # a bug of ours: one line, never a traceback; the verdict is "inconclusive"
@@ -406,7 +406,7 @@ def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None, html_
             _err(f"cannot write {out}: {e.strerror or e}")
             sys.exit(EXIT_USAGE)
     _show_verdict(verdict, as_json)
-    sys.exit(facade.exit_code(verdict))
+    sys.exit(api.exit_code(verdict))
 
 
 @main.command()
@@ -419,7 +419,7 @@ def attach(pids: tuple[int, ...], out_base: Path, as_json: bool) -> None:
     """Diagnose a running job not started under ranktrace: PIDS are the launcher or any ranks."""
     import os as _os
 
-    from ranktrace.analyzers import facade
+    from ranktrace.analyzers import api
     from ranktrace.tracer.launch import attach as attach_mod
 
     missing = [p for p in pids if not _os.path.exists(f"/proc/{p}")]
@@ -432,7 +432,7 @@ def attach(pids: tuple[int, ...], out_base: Path, as_json: bool) -> None:
     verdict = _refresh(res.run_dir).verdict
     _show_verdict(verdict, as_json)
     _err(f"attached to {len(res.pids)} process(es); evidence in {res.run_dir}")
-    sys.exit(facade.exit_code(verdict))
+    sys.exit(api.exit_code(verdict))
 
 
 @main.command()
@@ -442,7 +442,7 @@ def attach(pids: tuple[int, ...], out_base: Path, as_json: bool) -> None:
 def snapshot(run_dir: Path, as_json: bool) -> None:
     """Force a capture burst on a running `trace run`, print the verdict now, and refresh <run>/verdict.json and
     <run>/report.html as the watchdog does."""
-    from ranktrace.analyzers import facade
+    from ranktrace.analyzers import api
     from ranktrace.tracer.watch import live
 
     hosts = live.host_dirs(run_dir)
@@ -457,7 +457,7 @@ def snapshot(run_dir: Path, as_json: bool) -> None:
         _err(problem)
     verdict = _refresh(run_dir).verdict
     _show_verdict(verdict, as_json)
-    sys.exit(facade.exit_code(verdict))
+    sys.exit(api.exit_code(verdict))
 
 
 @main.command()
@@ -474,7 +474,7 @@ def compare(a: Path, b: Path, as_json: bool, html_out: Path | None) -> None:
     import json as _json
 
     from ranktrace.analyzers import compare as compare_mod
-    from ranktrace.analyzers import facade
+    from ranktrace.analyzers import api
     from ranktrace.analyzers.report import compare_html, compare_text
     from ranktrace.tracer.watch import live
 
@@ -483,7 +483,7 @@ def compare(a: Path, b: Path, as_json: bool, html_out: Path | None) -> None:
         sys.exit(EXIT_USAGE)
     try:
         c = compare_mod.compare_paths(a, b, liveness=live.liveness([p for p in (a, b) if p.is_dir()]))
-    except facade.InputError as e:
+    except api.InputError as e:
         _err(str(e))
         sys.exit(EXIT_USAGE)
     if html_out is not None:
@@ -498,12 +498,12 @@ def compare(a: Path, b: Path, as_json: bool, html_out: Path | None) -> None:
 
 def _analyze_for_tables(run: Path) -> Analysis:
     """The analysis `trace export` and `trace sql` read their tables from (a bad input: one line, exit 2)."""
-    from ranktrace.analyzers import facade
+    from ranktrace.analyzers import api
     from ranktrace.tracer.watch import live
 
     try:
-        return facade.analyze([run], liveness=live.liveness([run] if run.is_dir() else []))
-    except facade.InputError as e:
+        return api.analyze([run], liveness=live.liveness([run] if run.is_dir() else []))
+    except api.InputError as e:
         _err(str(e))
         sys.exit(EXIT_USAGE)
 

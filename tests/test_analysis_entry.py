@@ -14,18 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from ranktrace.analyzers import facade
-from ranktrace.analyzers.model import Analysis, Comparison, JobStatus, Liveness, OpenSpan
+from ranktrace.analyzers import api
+from ranktrace.analyzers.model.values import Analysis, Comparison, JobStatus, Liveness, OpenSpan
 from ranktrace.analyzers.verdict import RankState, Verdict
 from tests.helpers import PY, REPO, trace_env
 
 ANALYZERS = REPO / "analyzers"
 SCEN = REPO / "tests" / "data" / "scenarios"
-MODEL = ("ranktrace.analyzers.model", "ranktrace.analyzers.verdict")
+MODEL = ("ranktrace.analyzers.model.values", "ranktrace.analyzers.verdict")
 
 
 def _within(module: str, allowed: typing.Iterable[str]) -> bool:
-    """`module` is one of `allowed` or a name inside one (``from ranktrace.analyzers.model import Analysis``)."""
+    """`module` is one of `allowed` or a name inside one (``from ranktrace.analyzers.model.values import Analysis``)."""
     return any(module == a or module.startswith(a + ".") for a in allowed)
 
 
@@ -75,28 +75,28 @@ def test_renderers_take_the_model_types_not_any():
 
 
 def test_report_modules_import_only_the_model():
-    """report/* import, of ranktrace, only model.py, verdict.py and each other; model.py only verdict.py (a type
-    name for Skipped sits under TYPE_CHECKING); verdict.py nothing."""
+    """report/* import, of ranktrace, only model/values.py, verdict.py and each other; values.py only verdict.py (a
+    type name for Skipped sits under TYPE_CHECKING); verdict.py nothing."""
     for f in sorted((ANALYZERS / "report").glob("*.py")):
         ours = {m for m in _imports(f) if m.startswith("ranktrace")}
         wrong = {m for m in ours if not _within(m, MODEL + ("ranktrace.analyzers.report",))
                  and m != "ranktrace.analyzers"}
         assert not wrong, (f.name, wrong)
-    model = {m for m in _imports(ANALYZERS / "model.py", skip_type_checking=True) if m.startswith("ranktrace")}
+    model = {m for m in _imports(ANALYZERS / "model" / "values.py", skip_type_checking=True) if m.startswith("ranktrace")}
     assert all(_within(m, ("ranktrace.analyzers.verdict",)) for m in model), model
     assert not {m for m in _imports(ANALYZERS / "verdict.py") if m.startswith("ranktrace")}
 
 
 def test_loading_the_renderers_loads_no_stage_of_the_analysis():
     """The same at run time, transitively: importing every renderer loads no reader, source, diagnose, timeline,
-    wait-for engine or facade."""
+    wait-for engine or api."""
     code = ("import sys\n"
             + "".join(f"import ranktrace.analyzers.report.{m}\n" for m in RENDERERS)
             + "print('\\n'.join(m for m in sys.modules if m.startswith('ranktrace.')))")
     loaded = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=trace_env(), cwd=REPO,
                             check=True).stdout.split()
     stages = [m for m in loaded if not (_within(m, MODEL + ("ranktrace.analyzers.report",))
-                                        or m in ("ranktrace", "ranktrace.analyzers"))]
+                                        or m in ("ranktrace", "ranktrace.analyzers", "ranktrace.analyzers.model"))]
     assert stages == [], stages
 
 
@@ -108,13 +108,13 @@ def test_analyzers_never_import_the_host_side_of_the_tracer():
         assert not bad, (str(f.relative_to(REPO)), bad)
 
 
-def test_the_watchdog_reaches_the_analysis_through_the_facade():
-    """Its one full analysis is facade.refresh_run; no timeline, reader or diagnose module of its own."""
+def test_the_watchdog_reaches_the_analysis_through_the_api():
+    """Its one full analysis is api.refresh_run; no timeline, reader or diagnose module of its own."""
     ours = {m for m in _imports(REPO / "tracer" / "watch" / "monitor.py") if m.startswith("ranktrace.analyzers")}
-    allowed = ("ranktrace.analyzers.facade", "ranktrace.analyzers.hoststate", "ranktrace.analyzers.model",
+    allowed = ("ranktrace.analyzers.api", "ranktrace.analyzers.model.hoststate", "ranktrace.analyzers.model.values",
                "ranktrace.analyzers.report.text_report", "ranktrace.analyzers.verdict")
-    wrong = {m for m in ours if not _within(m, allowed) and m not in ("ranktrace.analyzers",
-                                                                       "ranktrace.analyzers.report")}
+    wrong = {m for m in ours if not _within(m, allowed) and m not in (
+        "ranktrace.analyzers", "ranktrace.analyzers.model", "ranktrace.analyzers.report")}
     assert not wrong, wrong
 
 
@@ -141,7 +141,7 @@ def attached_run(tmp_path: Path):
 
 def test_an_offline_analysis_never_calls_a_job_alive_or_gone(attached_run):
     run, proc = attached_run
-    offline = facade.analyze([run], liveness=None)
+    offline = api.analyze([run], liveness=None)
     assert offline.liveness is None and offline.job.state == "unknown" and offline.job.live_pids == ()
     (note,) = [f for f in offline.verdict.findings if f.kind == "job_state_unknown"]
     assert "job state unknown" in note.summary and note.evidence
@@ -150,16 +150,16 @@ def test_an_offline_analysis_never_calls_a_job_alive_or_gone(attached_run):
     # the capture side's answer for the same dir, on this machine: alive
     from ranktrace.tracer.watch import live
 
-    here = facade.analyze([run], liveness=live.liveness([run]))
+    here = api.analyze([run], liveness=live.liveness([run]))
     assert here.job.state == "running" and here.job.live_pids == (proc.pid,)
     assert not [f for f in here.verdict.findings if f.kind == "job_state_unknown"]
     # a Liveness that did not look at this host dir (another machine's answer) is no answer either
-    elsewhere = facade.analyze([run], liveness=Liveness(host="elsewhere", checked_at=time.time()))
+    elsewhere = api.analyze([run], liveness=Liveness(host="elsewhere", checked_at=time.time()))
     assert elsewhere.job.state == "unknown"
     # and once the process is gone, the capture side says so and the verdict follows
     proc.kill()
     proc.wait()
-    gone = facade.analyze([run], liveness=live.liveness([run]))
+    gone = api.analyze([run], liveness=live.liveness([run]))
     assert gone.job.state == "gone" and gone.verdict.ranks[0].state == "exited"
     assert "none of its processes is alive" in gone.verdict.summary
 
@@ -167,8 +167,8 @@ def test_an_offline_analysis_never_calls_a_job_alive_or_gone(attached_run):
 def test_an_offline_analysis_loads_nothing_that_could_look(attached_run):
     """Run alone, `analyze(liveness=None)` loads no module of the capture side: no process table is read."""
     run, _proc = attached_run
-    code = ("import sys\nfrom pathlib import Path\nfrom ranktrace.analyzers import facade\n"
-            f"a = facade.analyze([Path({str(run)!r})], liveness=None)\n"
+    code = ("import sys\nfrom pathlib import Path\nfrom ranktrace.analyzers import api\n"
+            f"a = api.analyze([Path({str(run)!r})], liveness=None)\n"
             "print(a.job.state)\n"
             "print(' '.join(m for m in sys.modules if m.startswith(('ranktrace.tracer.watch', "
             "'ranktrace.tracer.launch'))))")
@@ -181,7 +181,7 @@ def test_an_offline_analysis_loads_nothing_that_could_look(attached_run):
 def test_refresh_run_writes_both_files_from_one_analysis(tmp_path: Path):
     run = tmp_path / "scenario"
     shutil.copytree(SCEN / "nsys_open_range", run)
-    refreshed = facade.refresh_run(run, None)
+    refreshed = api.refresh_run(run, None)
     assert refreshed.problem is None and isinstance(refreshed.analysis, Analysis)
     saved = Verdict.from_dict(json.loads((run / "verdict.json").read_text()))
     assert saved == refreshed.analysis.verdict
@@ -189,8 +189,8 @@ def test_refresh_run_writes_both_files_from_one_analysis(tmp_path: Path):
 
 
 def test_the_watchdog_line_says_who_is_inside_what_from_the_analysis():
-    from ranktrace.analyzers import schema
-    from ranktrace.analyzers.timeline import OPS
+    from ranktrace.tracer.formats import schema
+    from ranktrace.analyzers.model.timeline import OPS
     from ranktrace.tracer.watch.monitor import inside_line
 
     def span(rank: int, name: str, seq: int | None, t: int) -> OpenSpan:

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from ranktrace.analyzers import facade
+from ranktrace.analyzers import api
 from tests.helpers import REPO, TRACE, trace_env
 
 SCEN = REPO / "tests" / "data" / "scenarios"
 
 
 def verdict_of(*paths: Path) -> dict:
-    return facade.analyze(list(paths), liveness=None).verdict.to_dict()
+    return api.analyze(list(paths), liveness=None).verdict.to_dict()
 
 
 def brief(v: dict) -> tuple:
@@ -210,7 +210,7 @@ def test_every_scenario_verdict_round_trips_and_renders():
             self.open.pop()
 
     for d in sorted(p for p in SCEN.iterdir() if p.is_dir()):
-        result = facade.analyze([d], liveness=None)
+        result = api.analyze([d], liveness=None)
         v = result.verdict
         again = Verdict.from_dict(json.loads(json_report.render(v)))
         assert again == v, d
@@ -236,7 +236,7 @@ def test_report_html_escapes_what_came_from_the_trace():
 
     from ranktrace.analyzers.report import text_report
 
-    result = facade.analyze([SCEN / "nsys_open_range"], liveness=None)
+    result = api.analyze([SCEN / "nsys_open_range"], liveness=None)
     evil = "<script>alert(1)</script>[/x]:bug:"
     ev = result.events
     for col in ("callsite", "error", "name"):
@@ -273,7 +273,7 @@ def test_report_html_draws_phase_marks_of_a_server_log():
     """A serving engine's log has phases, not ops: the page still shows each rank's lane with its phase marks."""
     from ranktrace.analyzers.report import html_report
 
-    page = html_report.render(facade.analyze([SCEN / "server_log_graph_registration"], liveness=None))
+    page = html_report.render(api.analyze([SCEN / "server_log_graph_registration"], liveness=None))
     marks = re.findall(r'<path [^>]*><title>rank (\d+): ([^<]*)</title>', page)
     assert ("0", "dist_init_begin") in marks and "No timed op records" not in page
 
@@ -284,13 +284,13 @@ def test_report_html_timeline_window_and_outline():
     operation without a seq (an init) outlines its open calls."""
     import dataclasses
 
-    from ranktrace.analyzers import schema
-    from ranktrace.analyzers.model import Analysis, JobStatus
-    from ranktrace.analyzers.timeline import OPS, open_enter_rows
+    from ranktrace.tracer.formats import schema
+    from ranktrace.analyzers.model.values import Analysis, JobStatus
+    from ranktrace.analyzers.model.timeline import OPS, open_enter_rows
     from ranktrace.analyzers.report import html_report
     from ranktrace.analyzers.verdict import Operation
 
-    base = facade.analyze([SCEN / "nsys_open_range"], liveness=None).verdict
+    base = api.analyze([SCEN / "nsys_open_range"], liveness=None).verdict
     plain = dataclasses.replace(base, ranks={}, operation=None, culprit_ranks=(), waiting_ranks=())
 
     def page(rows: list[dict], verdict=plain) -> str:  # noqa: ANN001
@@ -340,8 +340,8 @@ def test_run_files_keep_the_verdict_when_the_page_fails(tmp_path: Path, monkeypa
     verdict stays beside the new one."""
     from ranktrace.analyzers.report import html_report
 
-    result = facade.analyze([SCEN / "nsys_open_range"], liveness=None)
-    assert facade.write_run_files(tmp_path, result) is None
+    result = api.analyze([SCEN / "nsys_open_range"], liveness=None)
+    assert api.write_run_files(tmp_path, result) is None
     assert (tmp_path / "report.html").read_text().startswith("<!doctype html>")
 
     def broken(_result):  # noqa: ANN001, ANN202
@@ -349,7 +349,7 @@ def test_run_files_keep_the_verdict_when_the_page_fails(tmp_path: Path, monkeypa
 
     monkeypatch.setattr(html_report, "render", broken)
     (tmp_path / "verdict.json").unlink()
-    problem = facade.write_run_files(tmp_path, result)
+    problem = api.write_run_files(tmp_path, result)
     assert problem == "report.html not written: ValueError: a bug in the page"
     assert json.loads((tmp_path / "verdict.json").read_text())["status"] == result.verdict.status
     assert not (tmp_path / "report.html").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["verdict.json"]

@@ -156,18 +156,19 @@ def test_all_ranks_blocked_in_a_queue_get(tmp_path: Path):
 def test_a_window_of_one_record_per_rank_changes_no_verdict(verdicts, monkeypatch):
     """Issue #19: at scale each rank's records are read through a window (its latest ones, and every op a rule reads
     whatever its age). Cut to one record a rank, every scenario's verdict is still the one from all records."""
-    from ranktrace.analyzers import facade, hostdir
+    from ranktrace.analyzers import api
+    from ranktrace.analyzers.inputs import own_records
 
     import shutil
 
     for fault, (v, _res) in verdicts.items():
         host_dir = Path(next(i for i in v["inputs"] if Path(i).is_dir()))
-        assert (host_dir / hostdir.INDEX_NAME).exists()  # finalize wrote events.arrow's index
+        assert (host_dir / own_records.INDEX_NAME).exists()  # finalize wrote events.arrow's index
         rings_only = host_dir.parent.with_name(host_dir.parent.name + "-rings") / host_dir.name
         if not rings_only.exists():
             shutil.copytree(host_dir, rings_only, ignore=shutil.ignore_patterns("*.sock", "events*.arrow"))
         for run in (host_dir.parent, rings_only.parent):  # events.arrow (through its index), and the rings
-            monkeypatch.delenv(hostdir.ROWS_ENV, raising=False)
-            whole = facade.analyze([run], liveness=None).verdict.to_dict()
-            monkeypatch.setenv(hostdir.ROWS_ENV, "1")
-            assert facade.analyze([run], liveness=None).verdict.to_dict() == whole, (fault, run)
+            monkeypatch.delenv(own_records.ROWS_ENV, raising=False)
+            whole = api.analyze([run], liveness=None).verdict.to_dict()
+            monkeypatch.setenv(own_records.ROWS_ENV, "1")
+            assert api.analyze([run], liveness=None).verdict.to_dict() == whole, (fault, run)

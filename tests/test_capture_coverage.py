@@ -143,7 +143,7 @@ def test_hooked_method_is_a_collective_aligned_per_object(job):
 
 
 def test_phase_hook_in_the_meta_region_and_main_script_target_resolved(job):
-    from ranktrace.analyzers import timeline
+    from ranktrace.analyzers.model import timeline
 
     _, _, rows = job
     for rank in (0, 1):
@@ -182,7 +182,7 @@ def test_async_generator_targets_are_refused_not_silently_changed(tmp_path: Path
 
 
 def events_schema() -> pa.Schema:
-    from ranktrace.analyzers import schema
+    from ranktrace.tracer.formats import schema
 
     return schema.EVENTS
 

@@ -65,7 +65,7 @@ def test_one_rank_skipping_a_collective_first_divergence_names_rank_op_and_seq(r
 
 
 def test_the_verdict_window_never_cuts_the_sequences_compared(runs, monkeypatch: pytest.MonkeyPatch):
-    """A verdict reads each rank's latest records only (analyzers/hostdir.py); trace compare reads every op, so the
+    """A verdict reads each rank's latest records only (analyzers/inputs/own_records.py); trace compare reads every op, so the
     first divergence keeps its position in the run however small the window."""
     whole = compare_paths(runs["clean"], runs["skip"], liveness=None)
     monkeypatch.setenv("RANKTRACE_WINDOW_ROWS", "2")
@@ -79,15 +79,15 @@ def test_whole_sequences_read_from_events_arrow_equal_a_whole_analysis(runs, tmp
     """Where the verdict's window cut a finalized run, compare reads every op straight from events.arrow (strings
     left dictionary-encoded, issue #17's 5 s); each rank's sequence is the one a whole analysis gives. A live run
     (rings only, no events.arrow) falls back to that whole analysis, with the same answer."""
-    from ranktrace.analyzers import facade
+    from ranktrace.analyzers import api
     from ranktrace.analyzers.compare import sequences, whole
 
     monkeypatch.setenv("RANKTRACE_WINDOW_ROWS", "2")
     run = runs["skip"]
-    an = facade.analyze([run], liveness=None)
+    an = api.analyze([run], liveness=None)
     assert an.windowed
     fast = whole.run_tables(an, run, liveness=None)
-    slow = facade.analyze([run], liveness=None, whole=True)
+    slow = api.analyze([run], liveness=None, whole=True)
     assert fast.how == "events.arrow" and not slow.windowed
 
     def seqs(tables) -> dict[int, list[tuple]]:
@@ -106,7 +106,7 @@ def test_whole_sequences_read_from_events_arrow_equal_a_whole_analysis(runs, tmp
     nccl_dir = next(mixed.glob("*/meta.json")).parent / "nccl"
     nccl_dir.mkdir(exist_ok=True)
     shutil.copy(REPO / "tests" / "data" / "readers" / "nccl" / "prefixes.log", nccl_dir / "node.1.log")
-    an_mixed = facade.analyze([mixed], liveness=None)
+    an_mixed = api.analyze([mixed], liveness=None)
     both = whole.run_tables(an_mixed, mixed, liveness=None)
     assert both.how == "events.arrow" and sequences.op_sources(both).keys() == {"events", "nccl"}
     assert seqs(both) == want and sequences.op_sequences(both, "nccl").table.num_rows == 8
@@ -115,7 +115,7 @@ def test_whole_sequences_read_from_events_arrow_equal_a_whole_analysis(runs, tmp
     shutil.copytree(run, live)
     for ev in live.glob("*/events.arrow"):
         ev.unlink()
-    an_live = facade.analyze([live], liveness=None)
+    an_live = api.analyze([live], liveness=None)
     assert whole.run_tables(an_live, live, liveness=None).how == "analysis"
     key = lambda c: sorted((d.rank, d.position, d.a, d.b) for d in c.first_divergence)  # noqa: E731
     assert key(compare_paths(runs["clean"], live, liveness=None)) == key(compare_paths(runs["clean"], run,

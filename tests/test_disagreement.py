@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ranktrace.analyzers import facade
+from ranktrace.analyzers import api
 
 _DUMP = """Process 101: python train.py
 Python v3.11.7 (/usr/bin/python3.11)
@@ -22,7 +22,7 @@ def test_two_dumps_of_one_rank_that_disagree_are_both_named(tmp_path: Path) -> N
     a, b = tmp_path / "rank3_dump_a.txt", tmp_path / "rank3_dump_b.txt"
     a.write_text(_DUMP.format(frames=_IN_ALL_REDUCE))
     b.write_text(_DUMP.format(frames=_IN_LOADER))
-    v = facade.analyze([a, b], liveness=None).verdict
+    v = api.analyze([a, b], liveness=None).verdict
     (f,) = [f for f in v.findings if f.kind == "inputs_disagree"]
     assert f.ranks == (3,) and str(a) in f.summary and str(b) in f.summary
     assert "train_step (train.py:88)" in f.summary and "next_batch (train.py:40)" in f.summary
@@ -33,5 +33,5 @@ def test_dumps_that_agree_say_nothing_of_the_kind(tmp_path: Path) -> None:
     a, b = tmp_path / "rank3_dump_a.txt", tmp_path / "rank3_dump_b.txt"
     a.write_text(_DUMP.format(frames=_IN_ALL_REDUCE))
     b.write_text(_DUMP.format(frames=_IN_ALL_REDUCE))
-    v = facade.analyze([a, b], liveness=None).verdict
+    v = api.analyze([a, b], liveness=None).verdict
     assert not [f for f in v.findings if f.kind == "inputs_disagree"]

@@ -1,9 +1,9 @@
 """Direct unit tests of the decision engine's stages, on events made by a small factory (the style of PyTorch's
 Flight Recorder analyzer tests: one event per call, a few ranks, one planted fault each), without any reader:
 
-* the wait-for graph (analyzers/waitfor.py) over the ops table (analyzers/timeline.py): who waits on whom;
-* the host-state classifier (analyzers/hoststate.py): what a stack says a rank is doing;
-* the arbitration (analyzers/diagnose/arbitrate.py): which candidate becomes the verdict, and which are set aside.
+* the wait-for graph (analyzers/model/waitfor.py) over the ops table (analyzers/model/timeline.py): who waits on whom;
+* the host-state classifier (analyzers/model/hoststate.py): what a stack says a rank is doing;
+* the arbitration (analyzers/arbitrate.py): which candidate becomes the verdict, and which are set aside.
 
 Each test states the fault in words; a wrong engine fails it (these are no snapshots of today's output).
 """
@@ -13,10 +13,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from ranktrace.analyzers import hoststate, schema, timeline, waitfor
-from ranktrace.analyzers.diagnose import arbitrate, build_context, diagnose
+from ranktrace.analyzers.model import hoststate, timeline, waitfor
+from ranktrace.tracer.formats import schema
+from ranktrace.analyzers import arbitrate
+from ranktrace.analyzers.diagnose import diagnose
+from ranktrace.analyzers.model.build import build_model
 from ranktrace.analyzers.diagnose.candidate import Candidate
-from ranktrace.analyzers.sources import Inputs
+from ranktrace.analyzers.model.records import Inputs
 from ranktrace.analyzers.verdict import Evidence, Finding
 
 
@@ -104,7 +107,7 @@ def test_host_states_from_stacks() -> None:
 def context_of(rows: list[dict[str, Any]], observations: list[dict[str, Any]] = ()) -> Any:
     inputs = Inputs(events=schema.table_from_rows(schema.EVENTS, rows), stacks=schema.empty(schema.STACKS),
                     observations=schema.table_from_rows(schema.OBSERVATIONS, observations))
-    return build_context(inputs, None)
+    return build_model(inputs, None)
 
 
 def cand(kind: str, source: str, culprits: tuple[int, ...] = (), waiting: tuple[int, ...] = (),

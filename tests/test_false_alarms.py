@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from ranktrace.analyzers import facade
+from ranktrace.analyzers import api
 from tests.helpers import REPO
 
 sys.path.insert(0, str(REPO / "bench"))
@@ -53,8 +53,8 @@ def test_no_alarm_and_no_culprit_on_a_healthy_or_finished_run(case: dict) -> Non
     missing = [str(p) for p in paths if not p.exists()]
     assert not missing, f"case files missing (CI lays ../shared beside the clone): {missing}"
     try:
-        v = facade.analyze(paths, liveness=None).verdict.to_dict()
-    except facade.InputError:  # nothing recognised: exit 2, not an alarm
+        v = api.analyze(paths, liveness=None).verdict.to_dict()
+    except api.InputError:  # nothing recognised: exit 2, not an alarm
         return
     said = f"{v['status']}/{v['kind']}/{(v.get('operation') or {}).get('name')} culprits {v.get('culprit_ranks')}"
     assert v["status"] not in ("hang", "crashed"), f"{case['truth']} run read as {said}: {case['why']}"

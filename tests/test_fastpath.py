@@ -20,7 +20,7 @@ from ranktrace.tracer.rank.fastpath import FASTPATH_ERROR, fastpath_available
 from ranktrace.tracer.rank.recorder import Recorder
 from ranktrace.tracer.rank.tracestate import TraceState
 from ranktrace.tracer.rank.wrap_graphs import make_sync_wrapper
-from ranktrace.tracer.ringreader import read_ring
+from ranktrace.tracer.formats.ringreader import read_ring
 
 FIELDS = ("kind", "category", "flags", "peer", "graph_id", "seq", "backend_seq", "nbytes", "span_id",
           "parent_span_id")

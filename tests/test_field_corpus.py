@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ranktrace.analyzers import facade
+from ranktrace.analyzers import api
 from tests.helpers import REPO
 
 FIELD = REPO / "tests" / "field"
@@ -20,7 +20,7 @@ FIELD = REPO / "tests" / "field"
 
 def verdict(case: str) -> dict:
     meta = json.loads((FIELD / case / "case.json").read_text())
-    return facade.analyze([FIELD / case / f for f in meta["files"]], liveness=None).verdict.to_dict()
+    return api.analyze([FIELD / case / f for f in meta["files"]], liveness=None).verdict.to_dict()
 
 
 def brief(v: dict) -> tuple:
@@ -73,7 +73,7 @@ def test_every_run_that_finished_or_serves_gets_no_hang_verdict() -> None:
     for c in done:
         try:
             got[c] = brief(verdict(c))
-        except facade.InputError:  # nothing recognised in it: `trace analyze` exits 2, not 3
+        except api.InputError:  # nothing recognised in it: `trace analyze` exits 2, not 3
             got[c] = ("input_error",)
     assert not {c: b for c, b in got.items() if b[0] in ("hang", "crashed")}
     assert sum(1 for b in got.values() if b[0] in ("completed", "idle")) >= 10
@@ -125,5 +125,5 @@ def test_stream_capture_error_is_a_failed_graph_capture(tmp_path: Path) -> None:
     p = tmp_path / "err.txt"
     p.write_text('Traceback (most recent call last):\n  File "train.py", line 10, in <module>\n    g.capture_end()\n'
                  "RuntimeError: CUDA error: operation not permitted when stream is capturing\n")
-    v = facade.analyze([p], liveness=None).verdict.to_dict()
+    v = api.analyze([p], liveness=None).verdict.to_dict()
     assert (v["status"], v["kind"]) == ("crashed", "graph_capture")

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from ranktrace.analyzers.facade import analyze
-from ranktrace.analyzers.sources import InputError
+from ranktrace.analyzers.api import analyze
+from ranktrace.analyzers.inputs.collect import InputError
 from tests.conftest import SHARED
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,7 +11,8 @@ import subprocess
 import sys
 import time
 
-from ranktrace.analyzers import hoststate, schema
+from ranktrace.analyzers.model import hoststate
+from ranktrace.tracer.formats import schema
 from ranktrace.tracer.watch.stack_sampler import proc_state
 
 # an idle worker: WorkerProc.worker_busy_loop -> MessageQueue.dequeue (wrapped by the vllm profile) -> Poller.poll

@@ -55,7 +55,7 @@ JSON_SAMPLES = {
 CHILD = r'''
 import base64, json, os, resource, sys, time
 from pathlib import Path
-from ranktrace.analyzers import sources
+from ranktrace.analyzers.inputs import collect as sources
 from ranktrace.analyzers.readers import catalogue
 from ranktrace.analyzers.readers.text import text_of_bytes
 
@@ -128,7 +128,7 @@ def test_a_vllm_log_with_one_base64_line_reads_as_fast_as_without(tmp_path: Path
     import os
     import time
 
-    from ranktrace.analyzers import sources
+    from ranktrace.analyzers.inputs import collect as sources
 
     log = (D / "server_log" / "vllm_v1_vllmworker_tp4.log").read_bytes()
     plain = tmp_path / "plain.log"

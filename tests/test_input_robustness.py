@@ -101,7 +101,7 @@ STRUCTURED_SAMPLES = [
 def test_a_nul_run_in_a_structured_input_is_a_hole_not_binary(tmp_path: Path, fmt: str, sample: Path, where: str):
     """A run of NUL bytes (a sparse hole after a node crash, a copytruncate'd file) used to make the JSON readers'
     sniffers call the whole file binary."""
-    from ranktrace.analyzers import sources
+    from ranktrace.analyzers.inputs import collect as sources
 
     clean = sources.collect([sample])
     p = tmp_path / sample.name
@@ -274,7 +274,7 @@ def _run_dir(tmp_path: Path) -> Path:
 
 
 def test_a_damaged_meta_json_never_aborts_analyze_or_compare(tmp_path: Path):
-    from ranktrace.analyzers import compare, facade
+    from ranktrace.analyzers import compare, api
     from ranktrace.tracer.watch import live
 
     run = _run_dir(tmp_path)
@@ -297,7 +297,7 @@ def test_a_damaged_meta_json_never_aborts_analyze_or_compare(tmp_path: Path):
     for i, v in enumerate(variants):
         (host / "meta.json").write_text(json.dumps(v))
         try:
-            a = facade.analyze([run], liveness=live.liveness([run]))
+            a = api.analyze([run], liveness=live.liveness([run]))
             assert a.verdict.status in ("hang", "completed", "crashed", "idle", "inconclusive")
             if i < n_top and i % 2 == 0:
                 compare.compare_paths(run, run, liveness=live.liveness([run]))

@@ -62,12 +62,12 @@ def test_install_and_uninstall_leave_other_tracer_and_analyzers_alone(wheel: Pat
     assert res.returncode == 0, res.stderr
     check = ("import importlib, tracer, analyzers, tracer.core, analyzers.core\n"
              "print(tracer.OWNER, '|', analyzers.OWNER, '|', tracer.core.hello())\n"
-             "import ranktrace.tracer.ringformat as rf\n"
+             "import ranktrace.tracer.formats.ringformat as rf\n"
              "print(rf.__name__, rf.__file__.startswith(%r))\n" % str(purelib))
     got = _run(py, "-c", check, cwd=tmp_path)
     assert got.returncode == 0, got.stderr
     assert got.stdout.splitlines() == ["another project: tracer | another project: analyzers | still here",
-                                       "ranktrace.tracer.ringformat True"], got.stdout
+                                       "ranktrace.tracer.formats.ringformat True"], got.stdout
     res = _run(py, "-m", "pip", "uninstall", "-q", "-y", "ranktrace")
     assert res.returncode == 0, res.stderr
     for name, files in others.items():

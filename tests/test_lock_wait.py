@@ -10,7 +10,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from ranktrace.analyzers import facade
+from ranktrace.analyzers import api
 from tests.helpers import PY, REPO, TRACE, trace_env
 
 _JOB = """import os
@@ -43,7 +43,7 @@ def test_a_stale_jit_build_lock_is_named_live(tmp_path: Path) -> None:
 
 def test_the_filelock_debug_log_of_processes_waiting_on_a_cache_lock() -> None:
     case = REPO / "tests" / "field" / "deepspeed-5205"
-    v = facade.analyze([case / "filelock_debug.log"], liveness=None).verdict
+    v = api.analyze([case / "filelock_debug.log"], liveness=None).verdict
     assert (v.status, v.kind) == ("hang", "blocked_outside_collective")
     assert "Fp16Matmul_2d_kernel.pickle.lock" in v.summary and "3 processes" in v.summary
     assert "no compiler is running" not in v.summary   # a log alone does not say what ran

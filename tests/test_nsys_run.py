@@ -124,12 +124,12 @@ def test_report_written_and_exported_while_the_job_is_still_hung_then_killed(hun
 
 
 def test_the_export_is_fused_into_the_same_verdict(hung_run):
-    from ranktrace.analyzers import facade
+    from ranktrace.analyzers import api
 
     _tmp, run_dir, _res = hung_run
     v = json.loads((run_dir / "verdict.json").read_text())
     assert (v["status"], v["kind"], v["culprit_ranks"]) == ("hang", "missing_ranks", [1])
-    an = facade.analyze([run_dir], liveness=None)
+    an = api.analyze([run_dir], liveness=None)
     assert any(f.endswith("nsys/report.sqlite") for f in an.files)
     nsys_rows = [r for r in an.events.to_pylist() if r["source"] == "nsys"]
     # the export's pids are the ranks' pids: they take the ranks of the rings

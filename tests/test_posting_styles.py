@@ -15,7 +15,7 @@ from typing import Callable
 
 import pytest
 
-from ranktrace.analyzers import facade
+from ranktrace.analyzers import api
 from ranktrace.analyzers.readers.text.opener import text_of_bytes
 from ranktrace.analyzers.readers.text.prefixes import split_prefixes
 from tests.helpers import REPO
@@ -43,7 +43,7 @@ STYLES: dict[str, Callable[[str], str]] = {
 
 
 def _gist(files: list[Path]) -> tuple:
-    v = facade.analyze(files, liveness=None).verdict.to_dict()
+    v = api.analyze(files, liveness=None).verdict.to_dict()
     return v["status"], v["kind"], (v["operation"] or {}).get("name"), v["culprit_ranks"]
 
 

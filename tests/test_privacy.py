@@ -108,7 +108,7 @@ def test_the_run_folder_is_owner_only(secret_run):
     ('{"Secret":"A b"}', "A b"), ("--private-key-file=/etc/k.pem", "/etc/k.pem"),
 ])
 def test_redaction_shapes(arg: str, secret: str | None):
-    from ranktrace.tracer import redact
+    from ranktrace.tracer.formats import redact
 
     out = " ".join(redact.redact_argv([arg]))
     if secret is not None:
@@ -120,19 +120,19 @@ def test_redaction_shapes(arg: str, secret: str | None):
     (["--max-steps", "10"], "10"), (["model=llama", "lr=0.1"], "lr=0.1"),
 ])
 def test_redaction_keeps_what_is_not_a_secret(argv: list[str], kept: str):
-    from ranktrace.tracer import redact
+    from ranktrace.tracer.formats import redact
 
     assert kept in " ".join(redact.redact_argv(argv))
 
 
 def test_an_exception_named_like_a_secret_is_kept():
-    from ranktrace.tracer import redact
+    from ranktrace.tracer.formats import redact
 
     assert redact.redact_value("KeyError: 'boom'") == "KeyError: 'boom'"
 
 
 def test_short_p_flags_are_redacted():
-    from ranktrace.tracer import redact
+    from ranktrace.tracer.formats import redact
 
     out = redact.redact_argv(["mysql", "-p", "hunter2", "-psecretpw9", "-u", "bob"])
     assert "hunter2" not in out and "secretpw9" not in " ".join(out) and "bob" in out

@@ -245,7 +245,7 @@ def test_identity_from_a_process_title_and_from_arguments(tmp_path: Path):
     assert st.roles == {"dp": 1, "tp": 3, "ep": 3}
     from ranktrace.analyzers.readers.ranktrace_ring import identity_of
     from ranktrace.analyzers.readers.ranktrace_ring.events import roles_text
-    from ranktrace.tracer.ringreader import read_ring
+    from ranktrace.tracer.formats.ringreader import read_ring
 
     assert roles_text(identity_of(read_ring(str(tmp_path / "i.ring")))["roles"]) == "DP1 TP3 EP3"
     vl = make_proctitle_wrapper(st, list(profiles.find("vllm").proctitle), lambda t: None)
@@ -257,7 +257,7 @@ def test_the_ring_meta_region_survives_thousands_of_graph_captures(tmp_path: Pat
     """vLLM's piecewise capture makes ~4,000 captures: past half the meta region they go to op slots, so identity,
     groups and strings recorded afterwards still fit, and the last capture is still there."""
     from ranktrace.tracer.rank.wrap_graphs import make_capture_wrapper
-    from ranktrace.tracer.ringreader import read_ring
+    from ranktrace.tracer.formats.ringreader import read_ring
 
     st, path = _state(tmp_path, slots=16384)
     begin = make_capture_wrapper(st, "capture_begin", lambda self: None)
@@ -320,10 +320,11 @@ def test_the_host_syncs_serving_frameworks_use_are_recorded(tmp_path: Path, monk
 def test_two_dp_replicas_that_reuse_ranks_are_kept_apart():
     """SGLang DP2 x TP2 without DP attention: two torch worlds, both with ranks 0-1. DP1's rank 1 never issues
     all_reduce seq 2 on its group; DP0 completes its own: the verdict blames DP1's rank 1 (rank 3), not DP0."""
-    from ranktrace.analyzers import schema
-    from ranktrace.analyzers.diagnose import build_context, diagnose
-    from ranktrace.analyzers.dpworlds import separate_dp_worlds
-    from ranktrace.analyzers.sources import Inputs
+    from ranktrace.tracer.formats import schema
+    from ranktrace.analyzers.diagnose import diagnose
+    from ranktrace.analyzers.model.build import build_model
+    from ranktrace.analyzers.model.dpworlds import separate_dp_worlds
+    from ranktrace.analyzers.model.records import Inputs
 
     rows = []
     for dp in (0, 1):
@@ -345,7 +346,7 @@ def test_two_dp_replicas_that_reuse_ranks_are_kept_apart():
     # DP1's rank 0 (now 2) still waits in seq 2 (its gloo call never returned): drop its exit
     ev = ev.filter(pa_not_last_exit(ev))
     inputs = Inputs(events=ev, stacks=st, observations=obs, world_size=world)
-    v = diagnose(build_context(inputs, None))
+    v = diagnose(build_model(inputs, None))
     assert (v.kind, v.culprit_ranks, v.waiting_ranks) == ("missing_ranks", (3,), (2,))
 
 
@@ -359,9 +360,10 @@ def pa_not_last_exit(ev):
 def test_gpu_utilisation_is_evidence_for_an_enqueued_collective():
     """Both ranks returned from pynccl all_reduce #7 and wait in torch.cuda.synchronize; NVML says their GPUs spin
     at 100%: a kernel waits for a peer (not a host-side wait)."""
-    from ranktrace.analyzers import schema
-    from ranktrace.analyzers.diagnose import build_context, diagnose
-    from ranktrace.analyzers.sources import Inputs
+    from ranktrace.tracer.formats import schema
+    from ranktrace.analyzers.diagnose import diagnose
+    from ranktrace.analyzers.model.build import build_model
+    from ranktrace.analyzers.model.records import Inputs
 
     rows, obs = [], []
     for rank in (0, 1):
@@ -381,7 +383,7 @@ def test_gpu_utilisation_is_evidence_for_an_enqueued_collective():
                     "file": "gpu.arrow"})
     inputs = Inputs(events=schema.table_from_rows(schema.EVENTS, rows), stacks=schema.empty(schema.STACKS),
                     observations=schema.table_from_rows(schema.OBSERVATIONS, obs), world_size=2)
-    v = diagnose(build_context(inputs, None))
+    v = diagnose(build_model(inputs, None))
     assert (v.kind, v.operation.name, v.operation.group_desc, v.operation.seq) == ("stuck_in_collective",
                                                                                   "all_reduce", "pynccl", 7)
     assert "pynccl all_reduce #7, returned" in v.summary and "their GPUs are busy" in v.summary

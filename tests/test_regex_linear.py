@@ -70,9 +70,9 @@ for m in pkgutil.walk_packages(ranktrace.analyzers.__path__, "ranktrace.analyzer
     mod = importlib.import_module(m.name)
     for k, v in vars(mod).items():
         walk(v, f"{m.name}.{k}")
-import ranktrace.tracer.redact as redact
+import ranktrace.tracer.formats.redact as redact
 for k, v in vars(redact).items():
-    walk(v, f"ranktrace.tracer.redact.{k}")
+    walk(v, f"ranktrace.tracer.formats.redact.{k}")
 for f in sorted((ROOT / "analyzers").rglob("*.py")) + [ROOT / "tracer" / "redact.py"]:
     for node in ast.walk(ast.parse(f.read_text())):
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)

@@ -163,7 +163,7 @@ def test_analyze_of_rings_on_a_full_tmpfs_does_not_die(tmp_path: Path):
              "    with open(fs + '/fill', 'wb') as f:\n"
              "        while True: f.write(b'x' * (1 << 20)); f.flush()\n"
              "except OSError: pass\n"
-             "from ranktrace.tracer.ringreader import read_ring\n"
+             "from ranktrace.tracer.formats.ringreader import read_ring\n"
              "for n in ('1', '2'):\n"
              "    rc = read_ring(fs + '/h/rings/' + n + '.ring')\n"
              "    print('read', n, rc.num_slots, flush=True)\n")

@@ -185,7 +185,7 @@ def test_nvml_absent_is_said_once(straggler: TtyRun):
 
 
 def test_analyze_reads_the_samples(straggler: TtyRun):
-    from ranktrace.analyzers import sources
+    from ranktrace.analyzers.inputs import collect as sources
     from ranktrace.analyzers.readers import ranktrace_samples
 
     inputs = sources.collect([straggler.run_dir])
@@ -259,7 +259,7 @@ def test_ring_tail_follows_a_wrapping_ring(tmp_path: Path):
 def test_ring_tail_skips_a_slot_the_writer_is_inside(tmp_path: Path, monkeypatch):
     """Seqlock: a slot whose commit word changes between the two reads of a range (the writer zeroed it to start
     rewriting) is not applied from the first read's bytes; the next update reads it whole."""
-    from ranktrace.tracer import ringformat as rf
+    from ranktrace.tracer.formats import ringformat as rf
     from ranktrace.tracer.watch.ring_tail import RingTail
     from ranktrace.tracer.rank.recorder import Recorder
 

@@ -26,7 +26,7 @@ def _start(run: Path, *extra: str, steps: int = 100000) -> subprocess.Popen:
 
 def _rank_pids(run: Path, n: int, timeout: float = 90) -> dict[int, int]:
     """The ranks' pids: each ring is named by its writer's pid and its identity records carry the rank."""
-    from ranktrace.tracer.ringreader import read_ring
+    from ranktrace.tracer.formats.ringreader import read_ring
 
     deadline = time.time() + timeout
     while time.time() < deadline:

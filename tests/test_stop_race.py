@@ -9,8 +9,8 @@ import json
 
 import pyarrow.compute as pc
 
-from ranktrace.analyzers import facade
-from ranktrace.analyzers.diagnose.context import STOP_SLACK_NS
+from ranktrace.analyzers import api
+from ranktrace.analyzers.model.build import STOP_SLACK_NS
 from tests.helpers import REPO
 
 RUN = REPO / "tests" / "data" / "runs" / "sigterm_broadcast_race"
@@ -19,7 +19,7 @@ RUN = REPO / "tests" / "data" / "runs" / "sigterm_broadcast_race"
 def test_an_exit_a_few_ms_before_the_recorded_stop_belongs_to_the_stop():
     meta = json.loads(next(RUN.glob("*/meta.json")).read_text())
     stopped = meta["exit"]["stopped_wall_ns"]
-    an = facade.analyze([RUN], liveness=None)
+    an = api.analyze([RUN], liveness=None)
     marks = an.events.filter(pc.equal(an.events["name"], "process_exit")).to_pylist()
     assert [(m["rank"], 0 < stopped - m["wall_ns"] < STOP_SLACK_NS) for m in marks] == [(3, True)]  # the race
     v = an.verdict

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ranktrace.analyzers.compare import facts
-from ranktrace.analyzers.model import Analysis, HostRun
+from ranktrace.analyzers.model.values import Analysis, HostRun
 from ranktrace.tracer.launch import sysfacts
 
 
@@ -40,9 +40,9 @@ def test_system_json_written_and_compared(tmp_path: Path):
     assert written["kernel"] == got["kernel"] and written["iommu"].startswith(("on", "off"))
 
     def run(system: dict) -> Analysis:
-        from ranktrace.analyzers import schema
-        from ranktrace.analyzers.model import JobStatus
-        from ranktrace.analyzers.timeline import OPS
+        from ranktrace.tracer.formats import schema
+        from ranktrace.analyzers.model.values import JobStatus
+        from ranktrace.analyzers.model.timeline import OPS
         from ranktrace.analyzers.verdict import Verdict
 
         meta = {"schema": "ranktrace.meta/1", "env": {}, "system": system}

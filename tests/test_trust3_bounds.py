@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from ranktrace.analyzers import archives, facade
+from ranktrace.analyzers.inputs import archives
+from ranktrace.analyzers import api
 from ranktrace.analyzers.readers.text.opener import MAX_TEXT_BYTES
 from tests.helpers import PY, REPO, TRACE, trace_env
 
@@ -47,7 +48,7 @@ def test_a_gzip_bomb_is_cut_at_the_text_bound_and_the_other_inputs_are_read(tmp_
     _gzip_bomb(bomb, MAX_TEXT_BYTES + (64 << 20))
     assert bomb.stat().st_size < 1 << 20  # under 1 MB on disk
     t0 = time.monotonic()
-    a = facade.analyze([bomb, GOOD_LOG], liveness=None)
+    a = api.analyze([bomb, GOOD_LOG], liveness=None)
     took = time.monotonic() - t0
     (line,) = [r for r in _reasons(a, bomb.name) if "decompressed" in r]
     assert f"{MAX_TEXT_BYTES >> 20} MiB" in line
@@ -85,7 +86,7 @@ def test_a_tar_bomb_writes_no_more_than_the_bound_and_says_so(tmp_path: Path, mo
     _tar_with(tar, [("node-0/rank0.log", log), ("node-0/zeros.bin", 48 << 20), ("node-0/more.bin", 40 << 20),
                     ("node-0/late.log", log)])
     assert tar.stat().st_size < 1 << 20
-    a = facade.analyze([tar], liveness=None)
+    a = api.analyze([tar], liveness=None)
     reasons = [s.reason for s in a.skipped if Path(s.file).name == tar.name]
     assert any("zeros.bin (48 MiB) is over 32 MiB: not extracted" in r for r in reasons), reasons
     assert any("extraction stopped at 48 MiB, 1 members (the bound: 64 MiB per archive)" in r for r in reasons), \
@@ -100,7 +101,7 @@ def test_a_tar_of_too_many_members_stops_at_the_member_bound(tmp_path: Path, mon
     tar = tmp_path / "many.tar.gz"
     _tar_with(tar, [("many/rank0.log", GOOD_LOG.read_bytes())] + [(f"many/f{i}.txt", b"x\n") for i in range(3000)])
     t0 = time.monotonic()
-    a = facade.analyze([tar], liveness=None)
+    a = api.analyze([tar], liveness=None)
     assert time.monotonic() - t0 < 60
     reasons = [s.reason for s in a.skipped if Path(s.file).name == tar.name]
     assert any("more than 300 members" in r for r in reasons), reasons
@@ -149,7 +150,7 @@ def test_a_meta_json_nested_100k_deep_is_one_line_naming_it(tmp_path: Path):
 def test_a_kineto_trace_nested_100k_deep_is_one_line_naming_the_bound(tmp_path: Path):
     deep = tmp_path / "rank0.trace.json"
     deep.write_text('{"traceEvents": ' + "[" * 100_000 + "]" * 100_000 + "}")
-    a = facade.analyze([deep, GOOD_LOG], liveness=None)
+    a = api.analyze([deep, GOOD_LOG], liveness=None)
     (line,) = _reasons(a, deep.name)
     assert "nested deeper than the parser's bound" in line and "RecursionError" not in line
     assert GOOD_LOG.name in _used(a)
@@ -167,7 +168,7 @@ def test_a_dump_file_over_its_bound_is_not_read_whole(tmp_path: Path):
         f.write(b', {"pid": 123, "thread_id": 2, "frames": []}' * 2000 + b"]")
         f.truncate(MAX_FILE_BYTES + (44 << 20))
     t0 = time.monotonic()
-    a = facade.analyze([big, GOOD_LOG], liveness=None)
+    a = api.analyze([big, GOOD_LOG], liveness=None)
     assert time.monotonic() - t0 < 30
     (line,) = _reasons(a, big.name)
     assert f"larger than {MAX_FILE_BYTES >> 20} MiB, the bound for one dump file: not read" in line
@@ -188,7 +189,7 @@ def test_a_text_input_of_millions_of_lines_keeps_its_first_and_last_lines(tmp_pa
 
     log.write_bytes(gzip.compress(nccl + b"progress 1%\n" * 20_000 + nccl))
     total = 2 * n_head + 20_000
-    a = facade.analyze([log], liveness=None)
+    a = api.analyze([log], liveness=None)
     (note,) = [r for r in _reasons(a, log.name) if "lines per text input" in r]
     assert f"{total:,} lines: the first and last 500 are read" in note and "(the bound: 1,000 lines" in note
     lines = [ln for f, ln in zip(a.events["file"].to_pylist(), a.events["line"].to_pylist()) if f == str(log)]
@@ -216,7 +217,7 @@ def test_an_sqlite_view_that_never_ends_stops_at_the_time_bound(tmp_path: Path, 
     _endless_sqlite(db)
     assert db.stat().st_size <= 16 << 10
     t0 = time.monotonic()
-    a = facade.analyze([db, GOOD_LOG], liveness=None)
+    a = api.analyze([db, GOOD_LOG], liveness=None)
     assert time.monotonic() - t0 < 15
     (line,) = [r for r in _reasons(a, db.name)]
     assert "stopped after 2 s (the time bound per file" in line
@@ -239,7 +240,7 @@ def test_a_meta_json_over_its_bound_is_one_line(tmp_path: Path):
     with open(host / "meta.json", "wb") as f:  # sparse: 65 MiB long, a few bytes on disk
         f.write(b'{"schema": "ranktrace.meta/1"}')
         f.truncate(65 << 20)
-    a = facade.analyze([tmp_path / "run", GOOD_LOG], liveness=None)
+    a = api.analyze([tmp_path / "run", GOOD_LOG], liveness=None)
     assert any("larger than 64 MiB" in r for r in _reasons(a, "meta.json"))
     assert GOOD_LOG.name in _used(a)
 

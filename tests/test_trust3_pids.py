@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ranktrace.tracer import ringformat as rf
+from ranktrace.tracer.formats import ringformat as rf
 from ranktrace.tracer.launch import guardian, pidident
 from ranktrace.tracer.rank.recorder import Recorder
 from tests.helpers import PY, REPO, trace_env
@@ -86,7 +86,7 @@ def test_the_ring_records_its_writers_start_time(tmp_path: Path):
     _fake_ring(ring.with_name("old.ring"), os.getpid(), start_ticks=None, made_ago_s=0.0)
     old = pidident.ring_writer(ring.with_name("old.ring"))
     assert old is not None and old.start_ticks is None and pidident.writer_matches(os.getpid(), old)
-    from ranktrace.tracer.ringreader import RingView
+    from ranktrace.tracer.formats.ringreader import RingView
 
     with RingView(str(ring.with_name("old.ring"))) as v:
         assert v.contents.pid == os.getpid()

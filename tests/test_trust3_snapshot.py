@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ranktrace.tracer import ringformat as rf
+from ranktrace.tracer.formats import ringformat as rf
 from ranktrace.tracer.launch import hostinfo, pidident
 from ranktrace.tracer.rank import agent
 from ranktrace.tracer.rank.recorder import Recorder
@@ -269,14 +269,14 @@ def test_a_dumps_symlink_is_never_written_through(tmp_path: Path):
 
 
 def test_verdict_files_are_never_written_through_a_planted_temporary_name(tmp_path: Path):
-    from ranktrace.analyzers import facade
+    from ranktrace.analyzers import api
 
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     run = tmp_path / "run"
     run.mkdir()
     (run / f".verdict.json.{os.getpid()}.tmp").symlink_to(victim)
-    facade._replace(run / "verdict.json", "{}\n")
+    api._replace(run / "verdict.json", "{}\n")
     assert victim.read_text() == "precious\n" and (run / "verdict.json").read_text() == "{}\n"
 
 

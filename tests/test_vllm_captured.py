@@ -8,7 +8,7 @@ that what they need of the analysis is checked where vLLM itself cannot be insta
 """
 from __future__ import annotations
 
-from ranktrace.analyzers import facade
+from ranktrace.analyzers import api
 from tests.helpers import REPO
 
 RUNS = REPO / "tests" / "data" / "runs"
@@ -20,7 +20,7 @@ def _ledger(v, rank: int) -> list[str]:
 
 
 def test_an_idle_vllm_server_reads_idle_with_its_start_up_in_order():
-    v = facade.analyze([RUNS / "vllm_cpu_serving_idle"], liveness=None).verdict
+    v = api.analyze([RUNS / "vllm_cpu_serving_idle"], liveness=None).verdict
     assert v.status == "interrupted" and v.kind == "no_hang", v.summary
     for rank in (0, 1):
         assert (v.ranks[rank].state, v.ranks[rank].phase) == ("idle_loop", "serving")
@@ -34,7 +34,7 @@ def test_an_idle_vllm_server_reads_idle_with_its_start_up_in_order():
 
 
 def test_a_stopped_worker_and_a_rank_spinning_in_shm_allreduce_for_it():
-    v = facade.analyze([RUNS / "vllm_cpu_stop_serving"], liveness=None).verdict
+    v = api.analyze([RUNS / "vllm_cpu_stop_serving"], liveness=None).verdict
     assert (v.status, v.kind, list(v.culprit_ranks)) == ("hang", "missing_ranks", [1]), v.summary
     assert v.ranks[1].state == "stopped"
     assert v.ranks[0].state == "in_collective" and "_CPUSHMDistributed.all_reduce" in (v.ranks[0].where or "")

@@ -283,11 +283,11 @@ def test_report_html_in_a_real_browser(hung: HungRun, tmp_path: Path):
 
 
 def test_report_html_groups_identical_ranks(hung: HungRun, monkeypatch: pytest.MonkeyPatch):
-    from ranktrace.analyzers import facade
+    from ranktrace.analyzers import api
     from ranktrace.analyzers.report import html_report
 
     monkeypatch.setattr(html_report, "GROUP_ABOVE", 2)  # as a 64-rank job would be: ranks alike share a lane
-    page = html_report.render(facade.analyze([hung.run_dir], liveness=None))
+    page = html_report.render(api.analyze([hung.run_dir], liveness=None))
     assert ">+ 1-2 alike</text>" in page and "<li>ranks 1-2 like rank 0</li>" in page
     labels = re.findall(r'<text x="4" y="\d+" fill="[^"]+">(rank \d+[^<]*)</text>', page)
     assert labels == ["rank 0", "rank 3 *"], labels

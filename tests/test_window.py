@@ -12,9 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ranktrace.analyzers import hostdir, timeline
+from ranktrace.analyzers.inputs import own_records
+from ranktrace.analyzers.model import timeline
 from ranktrace.analyzers.readers.ranktrace_ring import window as W
-from ranktrace.tracer.ringreader import written_slots
+from ranktrace.tracer.formats.ringreader import written_slots
 
 
 def _stream(rng: np.random.Generator, n_ops: int, rank: int = 0, p2p: bool = True) -> W.Records:
@@ -104,7 +105,7 @@ def test_every_op_a_rule_reads_is_kept_and_kept_whole() -> None:
     def table(mask: np.ndarray) -> pa.Table:
         kinds = np.array(["enter", "exit", "error", "complete", "mark"])
         idx = np.flatnonzero(mask)
-        from ranktrace.analyzers import schema
+        from ranktrace.tracer.formats import schema
 
         cols = {
             "rank": pa.array(rec.rank[idx].astype(np.int32)), "t_ns": pa.array(rec.t[idx]),
@@ -152,7 +153,7 @@ def test_a_neverwritten_slots_tail_is_not_read() -> None:
 
 
 def test_window_rows_shared_out_over_the_run(tmp_path, monkeypatch) -> None:
-    monkeypatch.delenv(hostdir.ROWS_ENV, raising=False)
+    monkeypatch.delenv(own_records.ROWS_ENV, raising=False)
     hosts = []
     for h in range(4):
         d = tmp_path / f"h{h}" / "rings"
@@ -161,7 +162,7 @@ def test_window_rows_shared_out_over_the_run(tmp_path, monkeypatch) -> None:
             (d / f"{p}.ring").touch()
         hosts.append(d.parent)
     # 1,024 processes share the run's budget; a run of few keeps its ranks' latest records up to the cap
-    assert hostdir.rows_per_rank(hosts) == max(hostdir.MIN_ROWS, hostdir.ROW_BUDGET // 1024)
-    assert hostdir.rows_per_rank([]) == hostdir.MAX_ROWS
-    monkeypatch.setenv(hostdir.ROWS_ENV, "3")
-    assert hostdir.rows_per_rank(hosts) == 3
+    assert own_records.rows_per_rank(hosts) == max(own_records.MIN_ROWS, own_records.ROW_BUDGET // 1024)
+    assert own_records.rows_per_rank([]) == own_records.MAX_ROWS
+    monkeypatch.setenv(own_records.ROWS_ENV, "3")
+    assert own_records.rows_per_rank(hosts) == 3

@@ -1,6 +1,6 @@
 """`trace compare A B`: two runs side by side (good vs hung, Hopper vs Blackwell, NCCL_P2P_DISABLE=1 vs not), on
 anything `trace analyze` reads (run dirs, folders of NCCL logs, nsys exports, Kineto traces, Flight Recorder dumps).
-Both go through the same facade as `trace analyze`; the answers come in the order a person asks them:
+Both go through the same API as `trace analyze`; the answers come in the order a person asks them:
 
 1. hardware and software (:mod:`.facts`): GPU model and compute capability, driver, CUDA, NCCL, torch, framework
    versions, topology, P2P, IOMMU/ACS, environment that matters — differences first;
@@ -16,10 +16,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ranktrace.analyzers import facade
+from ranktrace.analyzers import api
 from ranktrace.analyzers.compare import decisions, facts, sequences, timings
 from ranktrace.analyzers.compare.whole import RunTables, run_tables
-from ranktrace.analyzers.model import Analysis, Comparison, Divergence, Liveness
+from ranktrace.analyzers.model.values import Analysis, Comparison, Divergence, Liveness
 
 __all__ = ["Comparison", "Divergence", "compare_paths", "compare_analyses", "describe_inputs"]
 
@@ -102,15 +102,15 @@ def compare_analyses(ra: Analysis, rb: Analysis, a: str, b: str, *, tables: tupl
 
 
 def compare_paths(a: Path, b: Path, *, liveness: Liveness | None) -> Comparison:
-    """Analyze both as `trace analyze` would (`liveness` as for ``facade.analyze``: one value may cover both runs)
+    """Analyze both as `trace analyze` would (`liveness` as for ``api.analyze``: one value may cover both runs)
     and compare them, the sequences and timings over every op of each run (whole.run_tables). The two runs are
-    read side by side. Raises facade.InputError when either has nothing readable."""
+    read side by side. Raises api.InputError when either has nothing readable."""
     results: dict[str, tuple[Analysis, RunTables]] = {}
     errors: dict[str, BaseException] = {}
 
     def one(key: str, path: Path) -> None:
         try:
-            an = facade.analyze([path], liveness=liveness)
+            an = api.analyze([path], liveness=liveness)
             results[key] = (an, run_tables(an, path, liveness=liveness))
         except BaseException as e:  # re-raised below, in the caller's thread (A's first)
             errors[key] = e

@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ranktrace.analyzers.model import Analysis, DecisionDiff
+from ranktrace.analyzers.model.values import Analysis, DecisionDiff
 
 __all__ = ["RunDecisions", "CommView", "run_decisions", "decisions_diff", "odd_ranks"]
 

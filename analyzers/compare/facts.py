@@ -12,7 +12,7 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ranktrace.analyzers.model import Analysis, FactDiff
+from ranktrace.analyzers.model.values import Analysis, FactDiff
 
 __all__ = ["SECTIONS", "Fact", "run_facts", "context_diff", "env_known", "world_size", "ENV_PREFIXES"]
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ranktrace.analyzers.compare.whole import RunTables, codes, decoded, is_in
-from ranktrace.analyzers.model import Divergence, OpRef
+from ranktrace.analyzers.model.values import Divergence, OpRef
 
 __all__ = ["OpSequences", "op_sequences", "op_sources", "choose_source", "first_divergence", "relatedness", "op_counts",
            "SOURCE_ORDER", "filter_rows"]

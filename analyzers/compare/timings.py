@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 
 from ranktrace.analyzers.compare.sequences import filter_rows
 from ranktrace.analyzers.compare.whole import RunTables, decoded, is_in
-from ranktrace.analyzers.model import LatencyRow, PhaseTiming
+from ranktrace.analyzers.model.values import LatencyRow, PhaseTiming
 
 __all__ = ["phase_durations", "phases_side_by_side", "latency", "latency_side_by_side", "MAX_SAMPLES"]
 

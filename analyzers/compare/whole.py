@@ -1,5 +1,5 @@
 """The tables trace compare's sequences and timings are computed from: every op of a run, not the window of each
-rank's latest records a verdict reads (analyzers/hostdir.py).
+rank's latest records a verdict reads (analyzers/inputs/own_records.py).
 
 A finalized run (every host dir has its events.arrow) is read here straight from the memory-mapped files: only the
 columns compare needs, strings left dictionary-encoded (a dictionary's indices are compared, filtered and taken; the
@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
-from ranktrace.analyzers import facade
-from ranktrace.analyzers.model import Analysis, Liveness
-from ranktrace.analyzers.sources import readable_host_dirs
+from ranktrace.analyzers import api
+from ranktrace.analyzers.model.values import Analysis, Liveness
+from ranktrace.analyzers.inputs.collect import readable_host_dirs
 
 __all__ = ["RunTables", "run_tables", "decoded", "codes", "is_in"]
 
@@ -49,7 +49,7 @@ def run_tables(an: Analysis, path: Path, *, liveness: Liveness | None) -> RunTab
     own = _own_tables(path)
     if own is not None and _same_ranks(own.ops, an.ops):
         return _with_foreign(own, an)
-    whole = facade.analyze([path], liveness=liveness, whole=True)
+    whole = api.analyze([path], liveness=liveness, whole=True)
     return RunTables(whole.events, whole.ops, "analysis")
 
 

@@ -6,13 +6,13 @@ import re
 from collections import Counter
 from typing import Callable
 
-from ranktrace.analyzers import hosts as hosts_mod
-from ranktrace.analyzers import hoststate
-from ranktrace.analyzers import stacks as stacks_mod
-from ranktrace.analyzers.diagnose import arbitrate as arbitration
+from ranktrace.analyzers.model import hosts as hosts_mod
+from ranktrace.analyzers.model import hoststate
+from ranktrace.analyzers.model import stacks as stacks_mod
+from ranktrace.analyzers import arbitrate as arbitration
 from ranktrace.analyzers.diagnose.blocked_rule import blocked_outside
 from ranktrace.analyzers.diagnose.candidate import Candidate, op_evidence, ranks_text, stack_evidence
-from ranktrace.analyzers.diagnose.context import Context, build_context
+from ranktrace.analyzers.model.build import Model
 from ranktrace.analyzers.diagnose.graph_rule import graph_capture
 from ranktrace.analyzers.diagnose.host_wait_rule import cannot_run, lock_wait
 from ranktrace.analyzers.diagnose.init_rule import init_hang, nccl_init_hang
@@ -23,19 +23,19 @@ from ranktrace.analyzers.diagnose.startup_rule import startup_stall
 from ranktrace.analyzers.diagnose.statement_rule import stated_mismatch, stated_missing
 from ranktrace.analyzers.diagnose.watchdog_rule import barrier_timeout, gloo_timeout, reported_timeouts
 from ranktrace.analyzers.diagnose.waiting_rule import mismatch, stuck, waiting
-from ranktrace.analyzers.sources import Inputs
+from ranktrace.analyzers.model.records import Inputs
 from ranktrace.analyzers.verdict import Evidence, Finding, HostSummary, InputSummary, RankState, Verdict
 
-__all__ = ["RULES", "diagnose", "build_context"]
+__all__ = ["RULES", "Rule", "diagnose"]
 
-Rule = Callable[[Context], list[Candidate]]
+Rule = Callable[[Model], list[Candidate]]
 RULES: list[Rule] = [init_hang, nccl_init_hang, enqueued_then_sync, setup_step, graph_capture, mismatch, stated_mismatch, stated_missing, waiting, cannot_run,
                      init_failure, rank_exit, vanished_first, barrier_timeout, stuck, reported_timeouts, gloo_timeout, lock_wait, stacks_only, anonymous_stacks,
                      blocked_outside, startup_stall]
 
 
-def diagnose(ctx: Context) -> Verdict:
-    """One verdict from a built context (``build_context``): the first primary candidate, every rule's findings."""
+def diagnose(ctx: Model) -> Verdict:
+    """One verdict from the built model (``model.build.build_model``): the first primary candidate, every rule's findings."""
     inputs = ctx.inputs
     candidates: list[Candidate] = []
     for rule in RULES:
@@ -89,7 +89,7 @@ def diagnose(ctx: Context) -> Verdict:
     )
 
 
-def _stopped_status(ctx: Context) -> str:
+def _stopped_status(ctx: Model) -> str:
     """A clean stop from outside: `interrupted` for a SIGINT (a Ctrl-C), `stopped` for any other signal or a
     scheduler's cancel."""
     if ctx.job.traced:
@@ -98,13 +98,13 @@ def _stopped_status(ctx: Context) -> str:
     return "interrupted" if sigs == {2} else "stopped"
 
 
-def _placed(summary: str, culprits: tuple[int, ...], ctx: Context) -> str:
+def _placed(summary: str, culprits: tuple[int, ...], ctx: Model) -> str:
     """A run across hosts: the sentence says where the culprits ran ("Culprit: rank 37 on node-4.")."""
     where = hosts_mod.where_text(culprits, ctx.rank_hosts) if ctx.rank_hosts and culprits else ""
     return f"{summary} Culprit{'s' if len(culprits) > 1 else ''}: {where}." if where else summary
 
 
-def _hosts(ctx: Context) -> tuple[HostSummary, ...]:
+def _hosts(ctx: Model) -> tuple[HostSummary, ...]:
     """Each host of a run across hosts, its ranks and its clock (analyzers.clocks); () for one host. Directories of
     one machine (Slurm tasks) are one host: its clock is its best-aligned directory's (the reference, else the smallest
     error bound)."""
@@ -131,7 +131,7 @@ def _sentence(s: str) -> str:
 
 
 
-def _status(ctx: Context, primary: Candidate | None) -> str:
+def _status(ctx: Model, primary: Candidate | None) -> str:
     job = ctx.job
     if job.traced and job.state in ("cut", "gone"):
         return "inconclusive"
@@ -154,7 +154,7 @@ def _status(ctx: Context, primary: Candidate | None) -> str:
     return "inconclusive"
 
 
-def _crash_shown(ctx: Context) -> bool:
+def _crash_shown(ctx: Model) -> bool:
     """The inputs show a rank ending in an error (an exception other than a person's Ctrl-C, a fatal signal, a
     transport or NCCL error, an exit status other than 0): the job crashed, whatever else is known."""
     if any(not (o["name"] == "exit" and o["value"] == 0) for o in ctx.observations("rank_exit")):
@@ -173,7 +173,7 @@ def _crash_shown(ctx: Context) -> bool:
 _STILL_TRYING = re.compile(r"still waiting|retrying|^Waiting", re.IGNORECASE)
 
 
-def _first_error(ctx: Context) -> str | None:
+def _first_error(ctx: Model) -> str | None:
     for kind in ("rank_exit", "exception", "transport_error", "py_fatal_error", "watchdog_stuck"):
         for o in ctx.observations(kind):
             text = (o["detail"] or o["name"] or "").strip()
@@ -183,12 +183,12 @@ def _first_error(ctx: Context) -> str | None:
     return None
 
 
-def _finished(ctx: Context) -> bool:
+def _finished(ctx: Model) -> bool:
     """The inputs say the job (or every communicator it shows) finished normally."""
     return any(o["name"] != "server_ready" for o in ctx.observations("completion"))
 
 
-def _watchdog_timeouts(ctx: Context) -> bool:
+def _watchdog_timeouts(ctx: Model) -> bool:
     ev = ctx.events
     if ev.num_rows == 0:
         return False
@@ -197,7 +197,7 @@ def _watchdog_timeouts(ctx: Context) -> bool:
     return bool(pc.any(pc.equal(ev["source"], "watchdog")).as_py())
 
 
-def _no_primary(ctx: Context, status: str) -> tuple[str, str, list[str]]:
+def _no_primary(ctx: Model, status: str) -> tuple[str, str, list[str]]:
     job = ctx.job
     if status == "completed":
         return "no_hang", "The job completed: every collective that was issued completed.", []
@@ -245,12 +245,12 @@ def _no_primary(ctx: Context, status: str) -> tuple[str, str, list[str]]:
             ["Capture stacks while it is hung (`trace attach PID`, or py-spy dump) and analyze again."])
 
 
-def _rank_table(ctx: Context, named: tuple[int, ...] = ()) -> dict[int, RankState]:
+def _rank_table(ctx: Model, named: tuple[int, ...] = ()) -> dict[int, RankState]:
     """Every rank the inputs show, the world's, and every rank the verdict names (a culprit a stall inspector states
     has a row, marked, even where no line of its own was posted)."""
     ranks = set(ctx.observed_ranks) | (set(range(ctx.world)) if ctx.world else set()) | set(named)
     opens = ctx.open_by_rank()
-    from ranktrace.analyzers.timeline import last_issued
+    from ranktrace.analyzers.model.timeline import last_issued
 
     last_ops = {r: f"{op['name']} group={op['group']} seq={op['seq']}" for r, op in last_issued(ctx.ops).items()}
     out: dict[int, RankState] = {}
@@ -293,7 +293,7 @@ def _where(st: "hoststate.RankStack | None") -> str | None:
     return stacks_mod.normalise_frame(app) if app else None
 
 
-def _stack_tree(ctx: Context) -> str:
+def _stack_tree(ctx: Model) -> str:
     if not ctx.stacks:
         return ""
     shown = {r: hoststate.without_tracer(s.frames) for r, s in ctx.stacks.items()}
@@ -303,7 +303,7 @@ def _stack_tree(ctx: Context) -> str:
     return tree
 
 
-def _unknown_findings(ctx: Context) -> list[Finding]:
+def _unknown_findings(ctx: Model) -> list[Finding]:
     """Ranks the wait-for graph could not place because their ring wrapped past the channel (never blamed)."""
     by_rank: dict[int, list] = {}
     for u in ctx.graph.unknown:
@@ -320,7 +320,7 @@ def _unknown_findings(ctx: Context) -> list[Finding]:
     return out
 
 
-def _cut_finding(ctx: Context, primary: Candidate | None) -> Finding | None:
+def _cut_finding(ctx: Model, primary: Candidate | None) -> Finding | None:
     """trace run was killed (its guardian ended the job: state cut) or vanished with its job (gone): the rings stop
     there, and what they show open was cut off, not hung. The finding names it, and what was open."""
     job = ctx.job
@@ -343,7 +343,7 @@ def _cut_finding(ctx: Context, primary: Candidate | None) -> Finding | None:
                    primary.culprits if primary is not None else (), 1.0, ev)
 
 
-def _interrupt_finding(ctx: Context) -> Finding:
+def _interrupt_finding(ctx: Model) -> Finding:
     import datetime
 
     t = ctx.job.interrupted_ns or 0
@@ -358,7 +358,7 @@ _INSIDE = frozenset({"in_collective", "in_init", "host_sync_wait"})
 _OUTSIDE = frozenset({"blocked_other", "idle_loop", "running"})
 
 
-def _disagreement_findings(ctx: Context) -> list[Finding]:
+def _disagreement_findings(ctx: Model) -> list[Finding]:
     """Two posted files that disagree about one rank (one shows it inside a collective, the other outside any
     communication) are said to disagree, naming both, rather than one silently winning. Our own run's samples and
     bursts are one record over time, not witnesses against each other: only files that are not our own are compared."""
@@ -389,7 +389,7 @@ def _disagreement_findings(ctx: Context) -> list[Finding]:
     return out[:4]
 
 
-def _inferred_rank_findings(ctx: Context) -> list[Finding]:
+def _inferred_rank_findings(ctx: Model) -> list[Finding]:
     """`trace attach` read no RANK from some processes and numbered them by their order under one parent: every
     claim about those ranks rests on that guess, so it is said."""
     out = []
@@ -406,7 +406,7 @@ def _inferred_rank_findings(ctx: Context) -> list[Finding]:
     return out
 
 
-def _job_state_findings(ctx: Context) -> list[Finding]:
+def _job_state_findings(ctx: Model) -> list[Finding]:
     """An unfinished run whose processes nobody looked at (an offline analysis, another machine's run): its state
     is unknown, said once, rather than read as "gone" or "running"."""
     job = ctx.job

@@ -6,13 +6,13 @@ for the wait-for graph to see.
 from __future__ import annotations
 
 from ranktrace.analyzers.diagnose.candidate import Candidate, ranks_text, stack_evidence, where
-from ranktrace.analyzers.diagnose.context import Context
+from ranktrace.analyzers.model.build import Model
 from ranktrace.analyzers.verdict import Finding, Operation
 
 __all__ = ["blocked_outside"]
 
 
-def blocked_outside(ctx: Context) -> list[Candidate]:
+def blocked_outside(ctx: Model) -> list[Candidate]:
     blocked = sorted(r for r, st in ctx.host_states.items() if st == "blocked_other")
     # a rank waiting for work (idle_loop) beside a blocked one waits for what that one never sends: it is no culprit;
     # only when every rank is idle are the idle ones what the sentence is about

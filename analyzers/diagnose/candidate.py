@@ -1,16 +1,16 @@
 """What a rule proposes: a possible verdict (kind, culprits, operation, summary) with its findings.
 
-Rules return candidates in priority order; the facade takes the first primary one as the verdict and keeps every
+Rules return candidates in priority order; the API takes the first primary one as the verdict and keeps every
 rule's findings as evidence. Helpers here turn ops and stacks into ``Evidence`` so every claim cites its source.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ranktrace.analyzers.hoststate import RankStack, application_frame, without_tracer
-from ranktrace.analyzers.stacks import normalise_frame
+from ranktrace.analyzers.model.hoststate import RankStack, application_frame, without_tracer
+from ranktrace.analyzers.model.stacks import normalise_frame
 from ranktrace.analyzers.verdict import Evidence, Finding, Operation, WaitEdge
-from ranktrace.analyzers.waitfor import PendingOp
+from ranktrace.analyzers.model.waitfor import PendingOp
 
 __all__ = ["Candidate", "from_burst", "op_evidence", "stack_evidence", "operation_of", "group_desc", "where", "ranks_text"]
 

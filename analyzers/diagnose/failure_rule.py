@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ranktrace.analyzers.diagnose.candidate import Candidate, ranks_text, stack_evidence, where
-from ranktrace.analyzers.diagnose.context import Context
+from ranktrace.analyzers.model.build import Model
 from ranktrace.analyzers.verdict import Evidence, Finding, Operation
 
 __all__ = ["init_failure", "rank_exit", "vanished_first", "CONSEQUENTIAL_SIGNALS"]
@@ -37,7 +37,7 @@ def _evidence(rows: list[dict[str, Any]], what: str, limit: int = 8) -> list[Evi
                      r["rank"]) for r in rows[:limit]]
 
 
-def _progressed(ctx: Context) -> bool:
+def _progressed(ctx: Model) -> bool:
     """The job got past set-up: some collective beyond the first couple was issued (or completed)."""
     ev = ctx.events
     if ev.num_rows == 0:
@@ -55,12 +55,12 @@ _SETUP_NCCL_ERROR = re.compile(r"unhandled system error|ncclSystemError|ncclInte
                                r"Socket|ncclInvalidUsage")
 
 
-def _ran_collectives(ctx: Context) -> bool:
+def _ran_collectives(ctx: Model) -> bool:
     """Some collective visibly completed before (a benchmark's result rows, a later watchdog seq)."""
     return _progressed(ctx) or any(o["name"] == "nccl_tests_size" for o in ctx.observations("progress"))
 
 
-def init_failure(ctx: Context) -> list[Candidate]:
+def init_failure(ctx: Model) -> list[Candidate]:
     rows = ctx.observations("init_failure") + [
         {**o, "name": "nccl_init"} for o in ctx.observations("transport_error") + ctx.observations("exception")
         if (o["kind"] == "exception" or o["name"] == "nccl_error") and "NCCL" in (o["detail"] or "")
@@ -104,12 +104,12 @@ def init_failure(ctx: Context) -> list[Candidate]:
 
 
 def _state(stack: Any) -> str:
-    from ranktrace.analyzers.hoststate import classify
+    from ranktrace.analyzers.model.hoststate import classify
 
     return classify(stack.frames, stack.thread_state)
 
 
-def _init_op(ctx: Context) -> str | None:
+def _init_op(ctx: Model) -> str | None:
     """The collective during whose lazy communicator creation set-up failed (a first barrier, say), if shown."""
     ev = ctx.events
     if ev.num_rows == 0:
@@ -127,7 +127,7 @@ _CONSEQUENCE = re.compile(r"[Ww]atchdog|[Tt]imed? ?out|Timeout|terminated_by=|Te
 _FATAL_CAUSE = re.compile(r"Segmentation fault|Bus error|Floating point exception|Illegal instruction")
 
 
-def _fatal_errors(ctx: Context) -> list[dict[str, Any]]:
+def _fatal_errors(ctx: Model) -> list[dict[str, Any]]:
     """faulthandler's "Fatal Python error: Segmentation fault" (not "Aborted": that is usually the watchdog's abort)
     as a rank exit."""
     out = []
@@ -137,7 +137,7 @@ def _fatal_errors(ctx: Context) -> list[dict[str, Any]]:
     return out
 
 
-def rank_exit(ctx: Context) -> list[Candidate]:
+def rank_exit(ctx: Model) -> list[Candidate]:
     """A rank died first (its exit is stated); the others were then waiting for it or were torn down."""
     rows = [r for r in ctx.observations("rank_exit")] + _fatal_errors(ctx)
     causes = [r for r in rows if not (r["name"] == "signal" and r["value"] in CONSEQUENTIAL_SIGNALS)
@@ -177,7 +177,7 @@ def rank_exit(ctx: Context) -> list[Candidate]:
 VANISHED_GAP_NS = 3_000_000_000
 
 
-def vanished_first(ctx: Context) -> list[Candidate]:
+def vanished_first(ctx: Model) -> list[Candidate]:
     """A rank whose process vanished without an exit record (SIGKILL, the OOM killer, a crash below Python) while the
     others were still alive: the watchdog's process samples say when each was last seen, and the one gone first is
     the one the rest of the job waited for or was torn down after."""

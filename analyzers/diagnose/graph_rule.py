@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 
 from ranktrace.analyzers.diagnose.candidate import Candidate, ranks_text, stack_evidence
-from ranktrace.analyzers.diagnose.context import Context
-from ranktrace.analyzers.readers.server_log.scan import CAPTURE_ERROR
+from ranktrace.analyzers.model.build import Model
+from ranktrace.analyzers.model.vocabulary import CAPTURE_ERROR
 from ranktrace.analyzers.verdict import Evidence, Finding, Operation
 
 __all__ = ["graph_capture"]
@@ -22,7 +22,7 @@ ERROR = "cuda_graph_capture_error"
 _CAPTURE_ERROR = re.compile(CAPTURE_ERROR)
 
 
-def graph_capture(ctx: Context) -> list[Candidate]:
+def graph_capture(ctx: Model) -> list[Candidate]:
     # only capture spans: a rank blocked launching CUDAGraph.replay() (also category graph) is not capturing
     from ranktrace.analyzers.diagnose.waiting_rule import exit_marks
 
@@ -87,7 +87,7 @@ def graph_capture(ctx: Context) -> list[Candidate]:
                       next_steps=steps)]
 
 
-def _capture_marks(ctx: Context) -> dict[int, tuple[dict | None, dict | None]]:
+def _capture_marks(ctx: Model) -> dict[int, tuple[dict | None, dict | None]]:
     import pyarrow.compute as pc
 
     ev = ctx.events
@@ -107,7 +107,7 @@ def _capture_marks(ctx: Context) -> dict[int, tuple[dict | None, dict | None]]:
     return out
 
 
-def _capture_errors(ctx: Context) -> list[dict]:
+def _capture_errors(ctx: Model) -> list[dict]:
     """The CUDA runtime's stream-capture errors (cudaErrorStreamCaptureUnsupported, ...), one row per rank (or one
     with no rank)."""
     import pyarrow.compute as pc
@@ -123,7 +123,7 @@ def _capture_errors(ctx: Context) -> list[dict]:
     return list(out.values())
 
 
-def _failed_capture(ctx: Context, rows: list[dict]) -> list[Candidate]:
+def _failed_capture(ctx: Model, rows: list[dict]) -> list[Candidate]:
     """A CUDA call that capture forbids was made while a stream was capturing: the process raises, inside capture."""
     ranks = tuple(sorted({r["rank"] for r in rows if r["rank"] is not None}))
     who = ranks_text(ranks) if ranks else "a process"

@@ -4,7 +4,7 @@ Whatever its stack says, such a rank issues nothing, so it is the one the others
 from __future__ import annotations
 
 from ranktrace.analyzers.diagnose.candidate import Candidate, ranks_text, stack_evidence, where
-from ranktrace.analyzers.diagnose.context import Context
+from ranktrace.analyzers.model.build import Model
 from ranktrace.analyzers.verdict import Evidence, Finding, Operation
 
 __all__ = ["cannot_run", "lock_wait", "COMPILERS"]
@@ -14,7 +14,7 @@ _HOW = {"stopped": "is stopped (/proc state T: SIGSTOP, Ctrl-Z or a debugger): i
 _WAITING = ("blocked_other", "in_collective", "in_init", "idle_loop", "host_sync_wait")
 
 
-def cannot_run(ctx: Context) -> list[Candidate]:
+def cannot_run(ctx: Model) -> list[Candidate]:
     frozen = {r: s for r, s in ctx.host_states.items() if s in _HOW}
     if not frozen:
         return []
@@ -52,7 +52,7 @@ COMPILERS = frozenset({"nvcc", "cicc", "ptxas", "ninja", "cc1plus", "c++", "g++"
                        "nvlink", "fatbinary", "cudafe++", "hipcc"})
 
 
-def lock_wait(ctx: Context) -> list[Candidate]:
+def lock_wait(ctx: Model) -> list[Candidate]:
     """Ranks waiting for a file lock (a JIT build's lock, a cache's lock) while no collective is pending: named with
     the lock and whether a build is running. A lock nobody is building behind is stale: a start killed while it held
     the lock left the file, and every later start waits for it at 0% CPU, with no error."""

@@ -5,8 +5,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ranktrace.analyzers.diagnose.candidate import Candidate, ranks_text, stack_evidence
-from ranktrace.analyzers.diagnose.context import Context
-from ranktrace.analyzers.model import OpenSpan
+from ranktrace.analyzers.model.build import Model
+from ranktrace.analyzers.model.values import OpenSpan
 from ranktrace.analyzers.verdict import Evidence, Finding, Operation, WaitEdge
 
 __all__ = ["init_hang"]
@@ -14,7 +14,7 @@ __all__ = ["init_hang"]
 INIT_NAMES = ("init_process_group", "new_group")
 
 
-def init_hang(ctx: Context) -> list[Candidate]:
+def init_hang(ctx: Model) -> list[Candidate]:
     opened: dict[int, OpenSpan] = {r: s for r, s in ctx.open_by_rank().items()
                                     if s.category == "init" and s.name in INIT_NAMES}
     ev = ctx.events
@@ -69,7 +69,7 @@ def init_hang(ctx: Context) -> list[Candidate]:
                       findings=findings, next_steps=steps)]
 
 
-def nccl_init_hang(ctx: Context) -> list[Candidate]:
+def nccl_init_hang(ctx: Model) -> list[Candidate]:
     """A communicator whose NCCL init started on some ranks and never completed on some (NCCL log evidence).
 
     Ranks are communicator ranks (``rank_space`` may be ``comm:<id>``); ranks of the communicator that never even

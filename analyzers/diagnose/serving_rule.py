@@ -18,8 +18,8 @@ from typing import Any
 import pyarrow.compute as pc
 
 from ranktrace.analyzers.diagnose.candidate import Candidate, ranks_text, stack_evidence
-from ranktrace.analyzers.diagnose.context import Context
-from ranktrace.analyzers.phases import phase_text
+from ranktrace.analyzers.model.build import Model
+from ranktrace.analyzers.model.phases import phase_text
 from ranktrace.analyzers.verdict import Evidence, Finding, Operation
 
 __all__ = ["enqueued_then_sync", "setup_step", "STEP_TEXT", "SYNC_NAMES"]
@@ -50,11 +50,11 @@ _NOT_STEPS = {"init_process_group", "new_group", "destroy_process_group", "cuda_
 _ENQUEUE_BACKENDS = ("hook", "nccl")
 
 
-def _ranks(ctx: Context) -> list[int]:
+def _ranks(ctx: Model) -> list[int]:
     return sorted(set(range(ctx.world)) if ctx.world else ctx.observed_ranks)
 
 
-def _in_sync(ctx: Context, r: int) -> str | None:
+def _in_sync(ctx: Model, r: int) -> str | None:
     """The host sync rank r waits in (its innermost open span, else its stack), or None."""
     o = ctx.open_by_rank().get(r)
     if o is not None and o.category == "sync":
@@ -66,7 +66,7 @@ def _in_sync(ctx: Context, r: int) -> str | None:
     return None
 
 
-def _last_enqueued(ctx: Context, r: int) -> dict[str, Any] | None:
+def _last_enqueued(ctx: Model, r: int) -> dict[str, Any] | None:
     """The last collective rank r issued that returned without any completion seen (hooked or NCCL)."""
     ops = ctx.ops
     if ops.num_rows == 0:
@@ -80,7 +80,7 @@ def _last_enqueued(ctx: Context, r: int) -> dict[str, Any] | None:
     return last
 
 
-def _gpu_evidence(ctx: Context, ranks: list[int]) -> list[Evidence]:
+def _gpu_evidence(ctx: Model, ranks: list[int]) -> list[Evidence]:
     """NVML: the GPU each rank uses and its utilisation in the last sample."""
     util = {o["name"]: o for o in ctx.observations("gpu_util") if o["name"]}
     if not util:
@@ -108,7 +108,7 @@ def _duration(secs: float | None) -> str:
     return f" for {secs:.0f} s"
 
 
-def _phase(ctx: Context, ranks: list[int]) -> tuple[str | None, str | None, float | None]:
+def _phase(ctx: Model, ranks: list[int]) -> tuple[str | None, str | None, float | None]:
     cur = [ctx.current[r] for r in ranks if r in ctx.current and ctx.current[r].open]
     if not cur:
         return None, None, None
@@ -117,7 +117,7 @@ def _phase(ctx: Context, ranks: list[int]) -> tuple[str | None, str | None, floa
     return name, detail, (min(secs) if secs else None)
 
 
-def enqueued_then_sync(ctx: Context) -> list[Candidate]:
+def enqueued_then_sync(ctx: Model) -> list[Candidate]:
     ranks = _ranks(ctx)
     if len(ranks) < 2:
         return []
@@ -175,7 +175,7 @@ def enqueued_then_sync(ctx: Context) -> list[Candidate]:
                       next_steps=steps)]
 
 
-def innermost_step(ctx: Context, r: int) -> Any:
+def innermost_step(ctx: Model, r: int) -> Any:
     """Rank r's innermost open span when it is a communicator set-up / registration step, else None."""
     o = ctx.open_by_rank().get(r)
     if o is None or o.category not in ("init", "graph") or o.name in _NOT_STEPS:
@@ -183,7 +183,7 @@ def innermost_step(ctx: Context, r: int) -> Any:
     return o
 
 
-def open_step(ctx: Context, r: int) -> Any:
+def open_step(ctx: Model, r: int) -> Any:
     """The innermost set-up / registration step rank r is inside, even below a collective it waits in."""
     best = None
     for s in ctx.open_spans:  # time order: the last one wins
@@ -192,7 +192,7 @@ def open_step(ctx: Context, r: int) -> Any:
     return best
 
 
-def setup_step(ctx: Context) -> list[Candidate]:
+def setup_step(ctx: Model) -> list[Candidate]:
     ranks = _ranks(ctx)
     if len(ranks) < 2 or ctx.graph.edges:
         return []

@@ -11,9 +11,9 @@ from collections import Counter
 from typing import Any
 
 from ranktrace.analyzers.diagnose.candidate import Candidate, from_burst, ranks_text, stack_evidence, where
-from ranktrace.analyzers.diagnose.context import Context
-from ranktrace.analyzers.hoststate import TRACER_FRAME
-from ranktrace.analyzers.stacks import normalise_frame
+from ranktrace.analyzers.model.build import Model
+from ranktrace.analyzers.model.hoststate import TRACER_FRAME
+from ranktrace.analyzers.model.stacks import normalise_frame
 from ranktrace.analyzers.verdict import Finding, Operation, WaitEdge
 
 __all__ = ["stacks_only", "collective_in_stack", "anonymous_stacks"]
@@ -42,7 +42,7 @@ def collective_in_stack(frames: tuple[str, ...]) -> tuple[str, str | None] | Non
     return None
 
 
-def stacks_only(ctx: Context) -> list[Candidate]:
+def stacks_only(ctx: Model) -> list[Candidate]:
     g = ctx.graph
     if g.edges or g.mismatches or g.stuck or not ctx.stacks:
         return []
@@ -77,7 +77,7 @@ def stacks_only(ctx: Context) -> list[Candidate]:
                       next_steps=steps)]
 
 
-def _inside_unnamed(ctx: Context) -> list[Candidate]:
+def _inside_unnamed(ctx: Model) -> list[Candidate]:
     """Ranks whose native stacks sit inside the communication library (or wait for the GPU) without a frame that
     names the collective: still a finding about where they are."""
     states = {r: ctx.host_states.get(r) for r in ctx.stacks}
@@ -99,7 +99,7 @@ def _inside_unnamed(ctx: Context) -> list[Candidate]:
                                   "they wait for."])]
 
 
-def _all_inside(ctx: Context, top: str, ranks: tuple[int, ...], inside: dict) -> list[Candidate]:
+def _all_inside(ctx: Model, top: str, ranks: tuple[int, ...], inside: dict) -> list[Candidate]:
     """Every rank with a stack sits in the same collective and nothing shows another rank elsewhere: the op is
     stuck (or waits for ranks nobody dumped). Partial evidence is still a finding: who, in what, called from where,
     and which ranks to dump next."""
@@ -120,12 +120,12 @@ def _all_inside(ctx: Context, top: str, ranks: tuple[int, ...], inside: dict) ->
                       next_steps=steps)]
 
 
-def anonymous_stacks(ctx: Context) -> list[Candidate]:
+def anonymous_stacks(ctx: Model) -> list[Candidate]:
     """Stacks of processes whose rank nothing states (a single py-spy / gdb paste): the state of the dumped
     process still says where the job is stuck, without naming ranks."""
     if ctx.stacks or not ctx.anon_stacks or ctx.graph.edges or ctx.graph.stuck or ctx.graph.mismatches:
         return []
-    from ranktrace.analyzers.hoststate import classify
+    from ranktrace.analyzers.model.hoststate import classify
 
     anon = ctx.anon_stacks
     if ctx.job.traced and ctx.job.ended and not ctx.job.killed_on_hang:

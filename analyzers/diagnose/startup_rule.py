@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow.compute as pc
 
 from ranktrace.analyzers.diagnose.candidate import Candidate, ranks_text
-from ranktrace.analyzers.diagnose.context import Context
+from ranktrace.analyzers.model.build import Model
 from ranktrace.analyzers.verdict import Evidence, Finding, Operation
 
 __all__ = ["startup_stall", "INIT_STEPS"]
@@ -26,7 +26,7 @@ _ENDS = {"dist_init_begin": {"dist_init_end", "load_weights_begin", "load_weight
          "dist_init_mq_connect": {"dist_init_end", "load_weights_begin", "load_weights_end", "kv_cache_alloc"}}
 
 
-def _marks(ctx: Context) -> list[dict[str, Any]]:
+def _marks(ctx: Model) -> list[dict[str, Any]]:
     ev = ctx.events
     if ev.num_rows == 0:
         return []
@@ -35,7 +35,7 @@ def _marks(ctx: Context) -> list[dict[str, Any]]:
                   key=lambda r: (r["file"] or "", r["line"] or 0))
 
 
-def startup_stall(ctx: Context) -> list[Candidate]:
+def startup_stall(ctx: Model) -> list[Candidate]:
     marks = _marks(ctx)
     if not marks or any(o["name"] == "server_ready" for o in ctx.observations("completion")):
         return []

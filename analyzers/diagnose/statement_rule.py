@@ -13,7 +13,7 @@ from collections import Counter
 from typing import Any
 
 from ranktrace.analyzers.diagnose.candidate import Candidate, ranks_text
-from ranktrace.analyzers.diagnose.context import Context
+from ranktrace.analyzers.model.build import Model
 from ranktrace.analyzers.verdict import Evidence, Finding, Operation, WaitEdge
 
 __all__ = ["stated_missing", "stated_mismatch", "MISSING_KINDS"]
@@ -36,7 +36,7 @@ def _evidence(rows: list[dict[str, Any]], what: str) -> tuple[Evidence, ...]:
     return tuple(out[:12])
 
 
-def stated_missing(ctx: Context) -> list[Candidate]:
+def stated_missing(ctx: Model) -> list[Candidate]:
     rows = [r for k in MISSING_KINDS for r in ctx.observations(k) if r["rank"] is not None]
     crossed = _crossed(rows)
     if crossed:
@@ -110,7 +110,7 @@ def _crossed(rows: list[dict[str, Any]]) -> list[Candidate]:
     return []
 
 
-def _implied_by_joined(ctx: Context) -> list[dict[str, Any]]:
+def _implied_by_joined(ctx: Model) -> list[dict[str, Any]]:
     """Only the ranks that did join are listed ("ready ranks: 1, 2, 3"): ranks are numbered from 0, so the gaps
     below the highest one listed (or below the world size, when known) are the ones that did not."""
     joined = [r for r in ctx.observations("joined_rank") if r["rank"] is not None]
@@ -135,7 +135,7 @@ def _speaks_for_itself(row: dict[str, Any]) -> bool:
     return bool(m) and m.group(1) == str(row["rank"])
 
 
-def _joined_alone(ctx: Context) -> list[Candidate]:
+def _joined_alone(ctx: Model) -> list[Candidate]:
     """Ranks that each say they reached an op ("Rank 3 successfully reached monitoredBarrier, but received errors
     ... from rank 0"), and nothing about who did not: some rank is missing, and the input does not say which."""
     joined = [r for r in ctx.observations("joined_rank") if r["rank"] is not None]
@@ -161,7 +161,7 @@ def _by_statement(rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], list[dict
     return out
 
 
-def stated_mismatch(ctx: Context) -> list[Candidate]:
+def stated_mismatch(ctx: Model) -> list[Candidate]:
     fps = [r for r in ctx.observations("fingerprint") if r["rank"] is not None]
     culprit_rows = [r for r in ctx.observations("fr_culprit") if r["rank"] is not None]
     fr_mismatch = ctx.observations("fr_mismatch")
@@ -185,7 +185,7 @@ def stated_mismatch(ctx: Context) -> list[Candidate]:
     return []
 
 
-def _from_fingerprints(ctx: Context, fps: list[dict[str, Any]]) -> list[Candidate]:
+def _from_fingerprints(ctx: Model, fps: list[dict[str, Any]]) -> list[Candidate]:
     # fingerprints at one sequence number from several reports; else the ranks one report compares (its other
     # rank's sequence number is often not the same: "Sequence number: 32vs 0")
     groups: dict[Any, dict[int, dict[str, Any]]] = {}

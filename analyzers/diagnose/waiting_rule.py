@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 
-from ranktrace.analyzers import waitfor
+from ranktrace.analyzers.model import waitfor
 from ranktrace.analyzers.diagnose.candidate import (Candidate, group_desc, op_evidence, operation_of, ranks_text, stack_evidence,
                                          where)
-from ranktrace.analyzers.diagnose.context import Context
+from ranktrace.analyzers.model.build import Model
 from ranktrace.analyzers.verdict import Evidence, Finding, WaitEdge
 
 __all__ = ["mismatch", "waiting", "stuck", "exit_marks"]
@@ -18,7 +18,7 @@ PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|remo
                        r"peer .{0,200}?(closed|exited|died)|ECONNRESET|socket closed", re.IGNORECASE)
 
 
-def mismatch(ctx: Context) -> list[Candidate]:
+def mismatch(ctx: Model) -> list[Candidate]:
     out = []
     for m in ctx.graph.mismatches:
         minority = set(m.minority)
@@ -58,7 +58,7 @@ def _desc(o: waitfor.PendingOp) -> str:
     return " ".join(parts)
 
 
-def waiting(ctx: Context) -> list[Candidate]:
+def waiting(ctx: Model) -> list[Candidate]:
     """missing_ranks (or rank_exited): the sinks of the wait-for graph."""
     g = ctx.graph
     if not g.edges:
@@ -67,13 +67,11 @@ def waiting(ctx: Context) -> list[Candidate]:
     sinks = waitfor.sink_components(succ)
     if not sinks:
         return []
-    deps = None
+    deps = ctx.departures
     culprits: list[int] = []
     confidence = 0.9
     cycle_notes: list[Finding] = []
     for comp in sinks:
-        if len(comp) > 1 and deps is None:
-            deps = ctx.departures()
         chosen, conf = waitfor.break_cycles(comp, deps or {})
         culprits.extend(chosen)
         confidence = min(confidence, conf)
@@ -181,7 +179,7 @@ def waiting(ctx: Context) -> list[Candidate]:
         summary += "; " + "; ".join(culprit_where)
     cur = ctx.current.get(waiting_on_ref[0]) if waiting_on_ref else None
     if cur is not None and cur.open:
-        from ranktrace.analyzers.phases import phase_text
+        from ranktrace.analyzers.model.phases import phase_text
 
         summary += f" (during {phase_text(cur.name, cur.detail)})"
     unobserved = sorted(r for r in culprit_set if r not in ctx.observed_ranks)
@@ -219,7 +217,7 @@ def _wait_for(g: waitfor.WaitForGraph) -> tuple[WaitEdge, ...]:
     return tuple(WaitEdge(r, tuple(sorted(on)), op, grp, seq) for (r, op, grp, seq), on in order)
 
 
-def _last_issued(ctx: Context, rank: int, chan: str) -> Evidence | None:
+def _last_issued(ctx: Model, rank: int, chan: str) -> Evidence | None:
     ops = ctx.ops
     import pyarrow.compute as pc
 
@@ -232,7 +230,7 @@ def _last_issued(ctx: Context, rank: int, chan: str) -> Evidence | None:
                     rank)
 
 
-def _first_error_ns(ctx: Context) -> int | None:
+def _first_error_ns(ctx: Model) -> int | None:
     import pyarrow.compute as pc
 
     ev = ctx.events
@@ -240,11 +238,11 @@ def _first_error_ns(ctx: Context) -> int | None:
     return pc.min(errs).as_py() if len(errs) else None
 
 
-def exit_marks(ctx: Context) -> dict[int, dict]:
+def exit_marks(ctx: Model) -> dict[int, dict]:
     return _exit_marks(ctx)
 
 
-def _exit_marks(ctx: Context) -> dict[int, dict]:
+def _exit_marks(ctx: Model) -> dict[int, dict]:
     """process_exit marks of each rank's own process: one that issued ops or called init_process_group.
 
     Every process that imports torch under `trace run` gets a ring and inherits RANK from its environment, so a
@@ -266,7 +264,7 @@ def _exit_marks(ctx: Context) -> dict[int, dict]:
     return {r["rank"]: r for r in marks if r["rank"] is not None and r["pid"] in main_pids}
 
 
-def _exited(ctx: Context, culprits: set[int], into: list[waitfor.Edge]) -> tuple[set[int], list[Evidence]]:
+def _exited(ctx: Model, culprits: set[int], into: list[waitfor.Edge]) -> tuple[set[int], list[Evidence]]:
     """Culprits known to have exited: the others' errors say the peer went away, or its process is gone."""
     gone: set[int] = set()
     ev: list[Evidence] = []
@@ -294,7 +292,7 @@ def _exited(ctx: Context, culprits: set[int], into: list[waitfor.Edge]) -> tuple
     return gone, ev
 
 
-def _steps(ctx: Context, kind: str, culprits: set[int], ref: waitfor.PendingOp) -> list[str]:
+def _steps(ctx: Model, kind: str, culprits: set[int], ref: waitfor.PendingOp) -> list[str]:
     rs = ranks_text(sorted(culprits))
     steps = []
     if kind == "rank_exited":
@@ -324,7 +322,7 @@ def _steps(ctx: Context, kind: str, culprits: set[int], ref: waitfor.PendingOp) 
     return steps
 
 
-def stuck(ctx: Context) -> list[Candidate]:
+def stuck(ctx: Model) -> list[Candidate]:
     """Every member issued the same op; some or all never completed it (below Python: transport, GPU stream)."""
     out = []
     for s in ctx.graph.stuck:

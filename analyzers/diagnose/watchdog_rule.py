@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ranktrace.analyzers.diagnose.candidate import Candidate, op_evidence, operation_of, ranks_text
-from ranktrace.analyzers.diagnose.context import Context
+from ranktrace.analyzers.model.build import Model
 from ranktrace.analyzers.verdict import Evidence, Finding, Operation, WaitEdge
 
 __all__ = ["barrier_timeout", "reported_timeouts", "gloo_timeout", "is_barrier_like"]
@@ -38,7 +38,7 @@ def is_barrier_like(name: str | None, shape: str | None) -> bool:
     return name in ("all_reduce", "all_gather", "all_gather_into_tensor") and bool(shape and _ONE.match(shape))
 
 
-def _culprits_of_barrier(ctx: Context, reporters: set[int], members: tuple[int, ...]) -> tuple[tuple[int, ...], str]:
+def _culprits_of_barrier(ctx: Model, reporters: set[int], members: tuple[int, ...]) -> tuple[tuple[int, ...], str]:
     if members and len(members) > len(reporters) and ctx.world:
         return tuple(sorted(set(members) - reporters)), "they are the members that reported no timeout"
     if reporters and 0 not in reporters:
@@ -51,7 +51,7 @@ def _culprits_of_barrier(ctx: Context, reporters: set[int], members: tuple[int, 
     return (), ""
 
 
-def barrier_timeout(ctx: Context) -> list[Candidate]:
+def barrier_timeout(ctx: Model) -> list[Candidate]:
     out: list[Candidate] = []
     for s in ctx.graph.stuck:
         ops = list(s.ops)
@@ -88,7 +88,7 @@ def barrier_timeout(ctx: Context) -> list[Candidate]:
     return out[:1]
 
 
-def reported_timeouts(ctx: Context) -> list[Candidate]:
+def reported_timeouts(ctx: Model) -> list[Candidate]:
     """Timeouts the wait-for graph could not align (no sequence number, or a status line without the op)."""
     if ctx.graph.edges or ctx.graph.stuck or ctx.graph.mismatches:
         return []
@@ -166,7 +166,7 @@ def _stuck_steps() -> list[str]:
             "NCCL_P2P_DISABLE=1 / NCCL_IB_DISABLE=1 to isolate the path."]
 
 
-def gloo_timeout(ctx: Context) -> list[Candidate]:
+def gloo_timeout(ctx: Model) -> list[Candidate]:
     """gloo's "Timed out waiting Nms for recv operation to complete": gloo ops are synchronous send/recv between
     peers, so a timeout means a peer never reached the matching op (a broken link says "Connection closed")."""
     rows = [o for o in ctx.observations("transport_error") if o["name"] == "gloo_timeout"]

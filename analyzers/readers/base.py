@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
 
 __all__ = ["Skipped", "ReadResult", "ReaderError", "ColumnMap", "empty_result", "read_file_bytes", "read_text_file",
            "has_nul_bytes", "binary_content", "without_nuls", "binary_or_json", "json_array_items", "empty_file", "decode_text"]

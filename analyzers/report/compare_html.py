@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from typing import Any, Iterable
 
-from ranktrace.analyzers.model import Comparison, FactDiff
+from ranktrace.analyzers.model.values import Comparison, FactDiff
 from ranktrace.analyzers.verdict import Verdict
 
 __all__ = ["render", "EXTENSION", "BINARY"]

@@ -2,7 +2,7 @@
 what NCCL decided, outcome, where B departed from A, timings."""
 from __future__ import annotations
 
-from ranktrace.analyzers.model import Comparison, DecisionDiff, FactDiff
+from ranktrace.analyzers.model.values import Comparison, DecisionDiff, FactDiff
 
 __all__ = ["render", "EXTENSION", "BINARY"]
 

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ranktrace.analyzers.model import Analysis
+from ranktrace.analyzers.model.values import Analysis
 from ranktrace.analyzers.report import bisect_html
 from ranktrace.analyzers.report.spans import Mark, Span, as_of, span_table
 from ranktrace.analyzers.report.words import plain, shown_findings, state_text

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ranktrace.analyzers.model import Analysis
+from ranktrace.analyzers.model.values import Analysis
 from ranktrace.analyzers.report.spans import as_of, span_table
 from ranktrace.analyzers.report.words import plain, state_text
 from ranktrace.analyzers.verdict import Verdict

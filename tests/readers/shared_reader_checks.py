@@ -9,7 +9,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ranktrace.analyzers import schema, sources
+from ranktrace.tracer.formats import schema
+from ranktrace.analyzers.inputs import collect as sources
 from ranktrace.analyzers.readers import catalogue
 from ranktrace.analyzers.readers.base import ColumnMap, ReadResult
 
@@ -17,8 +18,8 @@ __all__ = ["REPO", "READERS", "check_contract", "check_field_map", "load_script"
 
 REPO = Path(__file__).resolve().parents[2]
 
-#: Every reader package: the structured formats sources.py sniffs, the text families of the catalogue, and the
-#: monitor's samples (read from a host dir by sources.py).
+#: Every reader package: the structured formats inputs/collect.py sniffs, the text families of the catalogue, and the
+#: monitor's samples (read from a host dir by inputs/collect.py).
 READERS: tuple[str, ...] = tuple(sorted(
     {f"ranktrace.analyzers.readers.{name}" for name in (*sources.STRUCTURED, "ranktrace_samples")}
     | {family.module for family in catalogue.FAMILIES}))

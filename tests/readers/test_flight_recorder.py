@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from ranktrace.analyzers import schema
-from ranktrace.analyzers.opnames import canonical_op
+from ranktrace.tracer.formats import schema
+from ranktrace.tracer.formats.opnames import canonical_op
 from ranktrace.analyzers.readers import flight_recorder as fr
 from ranktrace.analyzers.readers.base import ReaderError, ReadResult
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
 from ranktrace.analyzers.readers import fr_text
 from ranktrace.analyzers.readers.base import ReaderError, ReadResult
 

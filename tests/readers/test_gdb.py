@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
 from ranktrace.analyzers.readers import gdb
 from ranktrace.analyzers.readers.base import ReaderError
 

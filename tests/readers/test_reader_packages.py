@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ranktrace.analyzers import sources
+from ranktrace.analyzers.inputs import collect as sources
 from ranktrace.analyzers.readers import catalogue
 from tests.readers.shared_reader_checks import READERS, REPO, check_field_map
 

@@ -3,7 +3,7 @@
 from a public repository, tests/data/false_alarm/dgxspark-vllm-int4-sigterm-enginedead)."""
 from __future__ import annotations
 
-from ranktrace.analyzers import facade
+from ranktrace.analyzers import api
 from ranktrace.analyzers.readers import stop_signal
 from ranktrace.analyzers.readers.text import open_text
 from tests.helpers import REPO
@@ -16,7 +16,7 @@ def test_slurm_time_limit_cancel_is_a_stop_and_blames_nobody() -> None:
     (row,) = stop_signal.read_doc(open_text(log)).observations.to_pylist()
     assert (row["kind"], row["name"], row["line"]) == ("stopped", "scheduler_cancel", 3)
     assert "DUE TO TIME LIMIT" in row["detail"]
-    v = facade.analyze([log], liveness=None).verdict
+    v = api.analyze([log], liveness=None).verdict
     assert (v.status, v.kind, v.culprit_ranks) == ("stopped", "no_hang", ())
 
 

@@ -13,9 +13,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
 from ranktrace.analyzers.readers import ranktrace_ring
-from ranktrace.tracer.ringreader import RingError, read_ring
+from ranktrace.tracer.formats.ringreader import RingError, read_ring
 
 __all__ = ["finalize_host_dir", "EVENTS_SCHEMA_VERSION", "write_events", "seal_samples"]
 
@@ -28,7 +28,7 @@ def write_events(path: Path, table: pa.Table | Iterable[pa.Table]) -> None:
     so a table per ring is written as it is read and a million-record ring costs ids, not strings. Beside it, its
     index (hostdir.INDEX_NAME: each rank's rows and the ones an analysis keeps whatever their age), so a run of a
     thousand ranks is analyzed without reading every row."""
-    from ranktrace.analyzers.hostdir import INDEX_NAME, EventsIndex
+    from ranktrace.analyzers.inputs.own_records import INDEX_NAME, EventsIndex
 
     tables = [table] if isinstance(table, pa.Table) else table
     target = ranktrace_ring.ENCODED.with_metadata({"schema": EVENTS_SCHEMA_VERSION})

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ranktrace.tracer import redact
+from ranktrace.tracer.formats import redact
 from ranktrace.tracer.launch.envplan import curated_subset
 
 __all__ = ["SCHEMA", "initial_meta", "write_meta", "read_meta", "update_meta"]

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 if __package__:
-    from ranktrace.tracer import ringformat as rf
+    from ranktrace.tracer.formats import ringformat as rf
 else:  # loaded by path (the guardian runs without site and without the package): the sibling file by its path
     import importlib.util as _ilu
 
     _spec = _ilu.spec_from_file_location(
         "_ranktrace_ringformat", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                              "ringformat.py"))
+                                              "formats", "ringformat.py"))
     rf = _ilu.module_from_spec(_spec)  # type: ignore[arg-type]
     sys.modules[_spec.name] = rf  # dataclasses look their module up there
     _spec.loader.exec_module(rf)  # type: ignore[union-attr]

@@ -40,7 +40,7 @@ enum { MODE_FUNCTION = 0, MODE_PG_METHOD = 1, MODE_SYNC = 2 };
 enum { KIND_ENTER = 0, KIND_EXIT = 1 };
 #define FLAG_ASYNC 2
 
-/* tracer.ringformat.SLOT: "<QqIBBBBIIIIIIiiqqqqq" (96 bytes, no padding between fields) */
+/* tracer.formats.ringformat.SLOT: "<QqIBBBBIIIIIIiiqqqqq" (96 bytes, no padding between fields) */
 #pragma pack(push, 1)
 typedef struct {
     uint64_t commit;
@@ -52,7 +52,7 @@ typedef struct {
     int64_t seq, backend_seq, nbytes, span_id, parent_span_id;
 } Slot;
 #pragma pack(pop)
-_Static_assert(sizeof(Slot) == 96, "Slot must match tracer.ringformat.SLOT");
+_Static_assert(sizeof(Slot) == 96, "Slot must match tracer.formats.ringformat.SLOT");
 
 /* interned attribute / keyword names */
 static PyObject *s_tls, *s_ts, *s_depth, *s_span, *s_tid, *s_enabled, *s_capturing, *s_nv, *s_ring,

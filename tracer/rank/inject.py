@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any, Callable
 
-from .. import redact
+from ..formats import redact
 from .fastpath import FASTPATH_ERROR, fastpath_available
 from .patch_c10d import install_c10d
 from .patch_graphs import install_cuda

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from .. import ringformat as rf
+from ..formats import ringformat as rf
 
 __all__ = ["Recorder", "DEFAULT_SLOTS", "DEFAULT_META_BYTES", "reserve"]
 

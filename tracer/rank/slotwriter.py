@@ -9,7 +9,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Callable, Iterator
 
-from .. import ringformat as rf
+from ..formats import ringformat as rf
 from .recorder import Recorder
 
 __all__ = [

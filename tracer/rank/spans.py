@@ -1,7 +1,7 @@
 """What the wrap_* modules share: the wrapped call inside a span (ring slots or the meta region), the error text a
 record keeps, and a wrapper made to look like what it wraps.
 
-These frames sit on a rank's stack during every traced call: analyzers/hoststate.py TRACER_FRAME knows this file.
+These frames sit on a rank's stack during every traced call: analyzers/model/hoststate.py TRACER_FRAME knows this file.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import inspect
 import os
 from typing import Any, Callable
 
-from .. import redact
+from ..formats import redact
 from .slotwriter import ERROR, EXIT
 from .tracestate import ThreadState, TraceState, recording_thread
 

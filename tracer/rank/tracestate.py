@@ -11,8 +11,8 @@ import sys
 import threading
 from typing import Any, Callable
 
-from .. import redact
-from ..ringformat import META_OFFSET
+from ..formats import redact
+from ..formats.ringformat import META_OFFSET
 from .callinfo import CallInfo
 from .captures import CaptureState
 from .groups import GroupBook

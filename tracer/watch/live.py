@@ -14,7 +14,7 @@ import stat
 import time
 from pathlib import Path
 
-from ranktrace.analyzers.model import Liveness
+from ranktrace.analyzers.model.values import Liveness
 from ranktrace.tracer.watch import burst
 from ranktrace.tracer.launch import hostinfo, pidident
 

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ranktrace.analyzers.verdict import compact_ranks
 from ranktrace.tracer.watch import burst
-from ranktrace.tracer import ringformat
+from ranktrace.tracer.formats import ringformat
 
 if TYPE_CHECKING:
-    from ranktrace.analyzers.model import Analysis
+    from ranktrace.analyzers.model.values import Analysis
 
 __all__ = ["MonitorOptions", "Monitor", "ring_progress", "proc_counters", "inside_line"]
 
@@ -307,7 +307,7 @@ class Monitor:
     def _stack_progress(self, dumps: dict[int, Any]) -> bool:
         """Running non-poller threads, or changed stacks, are progress — except a thread that runs inside a call
         open for --hang-after with the same stack as before: a spin-wait (only a changed stack moves it)."""
-        from ranktrace.analyzers import hoststate
+        from ranktrace.analyzers.model import hoststate
 
         moved = False
         for pid, d in dumps.items():
@@ -515,12 +515,12 @@ class Monitor:
         """Full analysis now, verdict.json and report.html rewritten; one line of who is inside what, and the
         verdict printed if the picture changed since the last report. Returns the picture (None: analysis failed)."""
         # imported here, not at the top: `trace run` starts without loading the analysis (pyarrow and all)
-        from ranktrace.analyzers import facade
+        from ranktrace.analyzers import api
         from ranktrace.analyzers.report import text_report
         from ranktrace.tracer.watch import live
 
         try:
-            refreshed = facade.refresh_run(self.run_dir, live.liveness([self.run_dir]))
+            refreshed = api.refresh_run(self.run_dir, live.liveness([self.run_dir]))
         except Exception as e:
             self.last_status = None
             self.log(f"{quiet:.0f} s silent")

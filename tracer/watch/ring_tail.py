@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ranktrace.tracer import ringformat as rf
-from ranktrace.tracer.ringreader import slot_dtype
+from ranktrace.tracer.formats import ringformat as rf
+from ranktrace.tracer.formats.ringreader import slot_dtype
 
 __all__ = ["RingTail"]
 

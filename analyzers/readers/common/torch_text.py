@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 
 from ranktrace.analyzers.readers.text import Line
-from ranktrace.tracer.redact import redact_value
+from ranktrace.tracer.formats.redact import redact_value
 
 __all__ = ["Speaker", "speaker", "strip_leaders", "clip", "SIGNALS", "signal_number", "exit_kind", "DETAIL_MAX"]
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
 from ranktrace.analyzers.readers.base import ReadResult
 from ranktrace.analyzers.readers.env_versions.scan import Fact
-from ranktrace.tracer.redact import redact_env, redact_value
+from ranktrace.tracer.formats.redact import redact_env, redact_value
 
 __all__ = ["result"]
 

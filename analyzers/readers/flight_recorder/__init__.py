@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
 from ranktrace.analyzers.readers.base import ColumnMap, ReadResult, Skipped, empty_file, read_file_bytes
 from ranktrace.analyzers.readers.common.ranks import rank_from_name
 from ranktrace.analyzers.readers.flight_recorder.load import load_dump

@@ -6,7 +6,7 @@ import math
 import re
 from typing import Any, Iterable
 
-from ranktrace.analyzers.opnames import P2P_OPS, canonical_op
+from ranktrace.tracer.formats.opnames import P2P_OPS, canonical_op
 from ranktrace.analyzers.readers.base import Skipped
 from ranktrace.analyzers.readers.flight_recorder.records import FrEntry, PgConfig, text, to_int
 

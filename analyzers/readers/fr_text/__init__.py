@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
 from ranktrace.analyzers.readers.base import (ColumnMap, ReadResult, binary_or_json, decode_text, empty_file,
                                               read_file_bytes)
 from ranktrace.analyzers.readers.fr_text.rows import block_rows

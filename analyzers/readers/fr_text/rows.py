@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ranktrace.analyzers.opnames import canonical_op
+from ranktrace.tracer.formats.opnames import canonical_op
 from ranktrace.analyzers.readers.fr_text.scan import Block
 
 __all__ = ["block_rows"]

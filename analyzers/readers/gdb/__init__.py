@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
 from ranktrace.analyzers.readers.base import (ColumnMap, ReadResult, ReaderError, Skipped, binary_or_json,
                                               read_text_file)
 from ranktrace.analyzers.readers.common.ranks import rank_from_name

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
 from ranktrace.analyzers.readers.base import ReadResult
 from ranktrace.analyzers.readers.horovod.scan import Scan
 from ranktrace.analyzers.readers.horovod.signatures import op_of_tensor

@@ -10,7 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ranktrace.analyzers.opnames import P2P_OPS, canonical_op
+from ranktrace.tracer.formats.opnames import P2P_OPS, canonical_op
 from ranktrace.analyzers.readers.kineto.collect import BACKEND_PREFIX, Collector, Comm
 
 __all__ = ["DTYPES", "Op", "Pg", "fold_ops", "attach_kernels", "op_fields", "pg_config", "to_int"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, cast
 
-from ranktrace.analyzers import schema
-from ranktrace.analyzers.opnames import P2P_OPS
+from ranktrace.tracer.formats import schema
+from ranktrace.tracer.formats.opnames import P2P_OPS
 from ranktrace.analyzers.readers.base import ReadResult
 from ranktrace.analyzers.readers.kineto.collect import Collector
 from ranktrace.analyzers.readers.kineto.ops import attach_kernels, fold_ops, op_fields, pg_config, to_int

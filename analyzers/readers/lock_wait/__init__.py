@@ -4,7 +4,7 @@ on the host (a stale lock left by a killed start, a slow network home directory)
 Stages: :mod:`.signatures` -> :func:`read_doc`."""
 from __future__ import annotations
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
 from ranktrace.analyzers.readers.base import ColumnMap, ReaderError, ReadResult
 from ranktrace.analyzers.readers.lock_wait import signatures as sig
 from ranktrace.analyzers.readers.text import TextDoc

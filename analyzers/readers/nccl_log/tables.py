@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ranktrace.analyzers import schema
-from ranktrace.analyzers.opnames import canonical_op
+from ranktrace.tracer.formats import schema
+from ranktrace.tracer.formats.opnames import canonical_op
 from ranktrace.analyzers.readers.base import ReadResult, Skipped
 from ranktrace.analyzers.readers.nccl_log.grammar import (NCCL_DTYPES, P2P_RAW, ROOTED_RAW, TUNING_ALGOS,
                                                           TUNING_PROTOS)

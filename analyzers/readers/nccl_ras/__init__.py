@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
 from ranktrace.analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped, binary_content, without_nuls
 from ranktrace.analyzers.readers.nccl_ras.rows import finish
 from ranktrace.analyzers.readers.nccl_ras.scan_json import scan_json

@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-from ranktrace.analyzers.opnames import canonical_op
+from ranktrace.tracer.formats.opnames import canonical_op
 from ranktrace.analyzers.readers.base import Skipped
 from ranktrace.analyzers.readers.nccl_log import normalize_comm_id
 from ranktrace.analyzers.readers.nccl_ras.rows import OP_TOTAL, ras_time

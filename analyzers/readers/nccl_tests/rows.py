@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ranktrace.analyzers import schema
-from ranktrace.analyzers.opnames import P2P_OPS
+from ranktrace.tracer.formats import schema
+from ranktrace.tracer.formats.opnames import P2P_OPS
 from ranktrace.analyzers.readers.base import ReadResult, Skipped
 from ranktrace.analyzers.readers.nccl_tests import signatures as sig
 from ranktrace.analyzers.readers.nccl_tests.scan import RankLine, Row, Run

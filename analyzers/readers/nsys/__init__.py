@@ -8,7 +8,7 @@ import sqlite3
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
 from ranktrace.analyzers.readers.base import ColumnMap, ReaderError, ReadResult
 from ranktrace.analyzers.readers.nsys import events, export, observations
 from ranktrace.analyzers.readers.nsys.decode import (NO_COMPLETION, NVTX_TOKENS, OPEN_AT_END, OPENED_BEFORE,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ranktrace.analyzers.opnames import COLLECTIVE_OPS, P2P_OPS, canonical_op
+from ranktrace.tracer.formats.opnames import COLLECTIVE_OPS, P2P_OPS, canonical_op
 from ranktrace.analyzers.readers.nsys.decode import (API_VERSION, BACKEND_PREFIX, MASK24, NO_COMPLETION,
                                                      NVTX_DOMAIN_CREATE, NVTX_END_ONLY, NVTX_MARKS, NVTX_OPEN,
                                                      NVTX_RANGES, NVTX_TOKENS, OPEN_AT_END, OPENED_BEFORE,

@@ -16,7 +16,7 @@ from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
 from ranktrace.analyzers.readers.base import ReaderError, Skipped
 from ranktrace.analyzers.readers.nsys.decode import SOURCE
 

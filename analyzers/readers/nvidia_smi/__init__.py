@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
 from ranktrace.analyzers.readers.base import ColumnMap, ReaderError, ReadResult
 from ranktrace.analyzers.readers.nvidia_smi.status import ANSI, Parser
 from ranktrace.analyzers.readers.text import TextDoc

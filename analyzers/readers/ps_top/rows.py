@@ -5,11 +5,11 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
 from ranktrace.analyzers.readers.base import ReadResult, Skipped
 from ranktrace.analyzers.readers.ps_top.scan import Proc
 from ranktrace.analyzers.readers.common.ranks import rank_from_name
-from ranktrace.tracer.redact import redact_argv
+from ranktrace.tracer.formats.redact import redact_argv
 
 __all__ = ["result", "redact_command", "state_name"]
 

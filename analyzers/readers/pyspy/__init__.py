@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
 from ranktrace.analyzers.readers.base import (ColumnMap, ReadResult, ReaderError, Skipped, binary_content,
                                               decode_text, empty_file, read_file_bytes, without_nuls)
 from ranktrace.analyzers.readers.common.ranks import rank_from_name

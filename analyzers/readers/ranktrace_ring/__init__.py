@@ -1,17 +1,17 @@
 """ranktrace_ring: ranktrace's own ring files (``<run>/<host>/rings/*.ring``) of live, hung, killed or finished
-ranks, read into EVENTS. Two files: the ring format itself is tracer/ringformat.py (shared with the writer), so
+ranks, read into EVENTS. Two files: the ring format itself is tracer/formats/ringformat.py (shared with the writer), so
 the one stage here is :mod:`.events` (ring contents -> EVENTS)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from ranktrace.analyzers.readers.base import ColumnMap, ReaderError, ReadResult
-from ranktrace.analyzers.readers.ranktrace_ring.events import (ENCODED, RING_WRAPPED, identity_of, ring_result,
+from ranktrace.analyzers.readers.ranktrace_ring.events import (ENCODED, identity_of, ring_result,
                                                                ring_to_events)
-from ranktrace.tracer import ringformat as rf
-from ranktrace.tracer.ringreader import RingError, read_ring
+from ranktrace.tracer.formats import ringformat as rf
+from ranktrace.tracer.formats.ringreader import RingError, read_ring
 
-__all__ = ["FORMAT", "FIELD_MAP", "RING_WRAPPED", "ENCODED", "sniff", "read", "ring_to_events", "identity_of"]
+__all__ = ["FORMAT", "FIELD_MAP", "ENCODED", "sniff", "read", "ring_to_events", "identity_of"]
 
 FORMAT = "ranktrace_ring"
 

@@ -8,12 +8,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
+from ranktrace.tracer.formats.schema import RING_WRAPPED
 from ranktrace.analyzers.readers.base import ReadResult, Skipped
-from ranktrace.tracer import ringformat as rf
-from ranktrace.tracer.ringreader import RingContents
+from ranktrace.tracer.formats import ringformat as rf
+from ranktrace.tracer.formats.ringreader import RingContents
 
-__all__ = ["RING_WRAPPED", "ENCODED", "ring_to_events", "identity_of", "roles_text", "ring_result"]
+__all__ = ["ENCODED", "ring_to_events", "identity_of", "roles_text", "ring_result"]
 
 _ROLE_ORDER = ("dp", "pp", "attn_cp", "moe_dp", "pcp", "tp", "dcp", "ep", "rank", "local_rank")
 
@@ -24,7 +25,6 @@ def roles_text(roles: dict[str, Any]) -> str:
     return " ".join(f"{k.upper()}{roles[k]}" for k in keys if k not in ("rank", "local_rank")) or \
         " ".join(f"{k}={roles[k]}" for k in keys)
 
-RING_WRAPPED = "ring_wrapped"  # mark at a wrapped ring's oldest surviving record
 # EVENTS with every string column dictionary-encoded (what events.arrow holds since issue #19)
 ENCODED = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), pa.string())) if f.type == pa.string() else f
                      for f in schema.EVENTS], metadata=schema.EVENTS.metadata)

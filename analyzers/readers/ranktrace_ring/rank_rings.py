@@ -12,8 +12,8 @@ import numpy as np
 from ranktrace.analyzers.readers.base import ReadResult, Skipped
 from ranktrace.analyzers.readers.ranktrace_ring.events import identity_of, ring_result
 from ranktrace.analyzers.readers.ranktrace_ring.window import SENDS, Records, labels_before, select
-from ranktrace.tracer import ringformat as rf
-from ranktrace.tracer.ringreader import SLOT_FIELDS, RingError, RingView
+from ranktrace.tracer.formats import ringformat as rf
+from ranktrace.tracer.formats.ringreader import SLOT_FIELDS, RingError, RingView
 
 __all__ = ["HostRings", "read_host_rings"]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
 
 __all__ = ["ras_summary", "ras_progress"]
 

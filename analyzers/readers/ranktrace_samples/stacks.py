@@ -7,7 +7,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
 from ranktrace.analyzers.readers.common.stacks import StackRecord, stacks_table
 
 __all__ = ["MAX_SNAPSHOTS", "read_stacks"]

@@ -7,7 +7,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
 
 __all__ = ["read_proc", "read_gpu"]
 

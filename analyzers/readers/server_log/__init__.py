@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as _dt
 from pathlib import Path
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
 from ranktrace.analyzers.readers.base import ColumnMap, ReaderError, ReadResult
 from ranktrace.analyzers.readers.server_log.rows import build
 from ranktrace.analyzers.readers.server_log.scan import (ANSI, LOG_PREFIX, PHASE_NAMES, PHASES, SNIFF_MARKERS,

@@ -7,6 +7,7 @@ import datetime as _dt
 import re
 from typing import Iterator, NamedTuple, cast
 
+from ranktrace.analyzers.model.vocabulary import CAPTURE_ERROR
 from ranktrace.analyzers.readers.base import Skipped
 
 __all__ = ["SOURCE", "PHASE_NAMES", "PHASES", "Phase", "Hit", "LogParser", "ANSI", "LOG_PREFIX", "SNIFF_MARKERS",
@@ -27,12 +28,6 @@ class Phase(NamedTuple):
     category: str
     pattern: re.Pattern[str]
     server: str
-
-
-#: the CUDA runtime's stream-capture errors: the failure happened inside CUDA graph capture
-CAPTURE_ERROR = (r"cudaErrorStreamCapture(?:Unsupported|Invalidated|Merge|Unmatched|Unjoined|Isolation|Implicit|"
-                 r"WrongThread)|operation not permitted when stream is capturing|"
-                 r"operation failed due to a previous error during capture")
 
 
 def _p(name: str, category: str, regex: str, server: str) -> Phase:

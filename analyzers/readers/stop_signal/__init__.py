@@ -4,7 +4,7 @@ stop's doing, never a crash or a hang by itself (analyzers.diagnose.arbitrate).
 Stages: :mod:`.signatures` -> :func:`read_doc`."""
 from __future__ import annotations
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
 from ranktrace.analyzers.readers.base import ColumnMap, ReaderError, ReadResult
 from ranktrace.analyzers.readers.stop_signal import signatures as sig
 from ranktrace.analyzers.readers.text import TextDoc

@@ -4,7 +4,7 @@ docs/EVIDENCE.md: torch often says itself who is missing or broken. Stages: :mod
 (lines -> records) -> :mod:`.rows`."""
 from __future__ import annotations
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
 from ranktrace.analyzers.readers.base import ColumnMap, ReadResult, ReaderError
 from ranktrace.analyzers.readers.text import TextDoc
 from ranktrace.analyzers.readers.torch_c10d.rows import build

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ranktrace.analyzers.opnames import canonical_op
+from ranktrace.tracer.formats.opnames import canonical_op
 from ranktrace.analyzers.readers.torch_c10d.scan import (BareTimeout, BarrierVerdict, Collective, Desync, Fingerprint,
                                                          InitFailure, StoreBarrier, Terminated, TransportError,
                                                          WatchdogStuck)

@@ -3,7 +3,7 @@ about their workers: which ended first and how, which they stopped, whether rend
 group finished. Stages: :mod:`.signatures` -> :mod:`.scan` (lines -> records) -> :mod:`.rows`."""
 from __future__ import annotations
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
 from ranktrace.analyzers.readers.base import ColumnMap, ReadResult, ReaderError
 from ranktrace.analyzers.readers.text import TextDoc
 from ranktrace.analyzers.readers.torch_elastic.rows import build

@@ -3,7 +3,7 @@ or a pytest report holds them: where a rank was when it died, inside which op, c
 :mod:`.signatures` -> :mod:`.scan` (lines -> records) -> :mod:`.frames` (what the frames say) -> :mod:`.rows`."""
 from __future__ import annotations
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
 from ranktrace.analyzers.readers.base import ColumnMap, ReadResult, ReaderError
 from ranktrace.analyzers.readers.common.stacks import stacks_table
 from ranktrace.analyzers.readers.text import TextDoc

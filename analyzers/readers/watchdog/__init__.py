@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
 from ranktrace.analyzers.readers.base import ColumnMap, ReadResult, ReaderError, Skipped, binary_content, without_nuls
 from ranktrace.analyzers.readers.text import TextDoc, canonical_prefix
 from ranktrace.analyzers.readers.watchdog.rows import OPTYPE_NAMES, build

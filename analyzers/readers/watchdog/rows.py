@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from ranktrace.analyzers.opnames import canonical_op
+from ranktrace.tracer.formats.opnames import canonical_op
 from ranktrace.analyzers.readers.base import Skipped
 from ranktrace.analyzers.readers.watchdog.scan import Ctx, Status, Timeout, rank_key
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from ranktrace.tracer import redact
+from ranktrace.tracer.formats import redact
 from ranktrace.tracer.launch.bisect.knobs import Candidate, Framework, Hint
 from ranktrace.tracer.launch.bisect.runner import RunRecord
 from ranktrace.tracer.launch.bisect.search import Config, Search, Tally

@@ -286,14 +286,14 @@ class _Session:
         return doc
 
     def _html(self, doc: dict[str, Any], hung: runner.RunRecord | None) -> None:
-        from ranktrace.analyzers import facade
+        from ranktrace.analyzers import api
         from ranktrace.analyzers.report import bisect_html, html_report
         from ranktrace.tracer.watch import live
 
         page = None
         if hung is not None:  # the best hung run's own page, with the bisect on top
             try:
-                page = html_report.render(facade.analyze([hung.run_dir], liveness=live.liveness([hung.run_dir])),
+                page = html_report.render(api.analyze([hung.run_dir], liveness=live.liveness([hung.run_dir])),
                                           bisect=doc)
             except Exception as e:  # its trace may be damaged: the bisect alone then
                 self.problems.append(f"report.html without the hung run's timeline: {type(e).__name__}: {e}")

@@ -28,6 +28,7 @@ __all__ = [
     "OBSERVATIONS",
     "EVENT_KINDS",
     "CATEGORIES",
+    "RING_WRAPPED",
     "table_from_rows",
     "empty",
     "concat",
@@ -35,6 +36,9 @@ __all__ = [
 
 EVENT_KINDS = ("enter", "exit", "error", "complete", "mark", "identity", "group")
 CATEGORIES = ("collective", "p2p", "graph", "sync", "init", "phase", "user")
+# The mark a ring reader writes at a wrapped ring's oldest surviving record: the model reads it to know that rank's
+# earlier records are gone (an op missing there is not an op never issued).
+RING_WRAPPED = "ring_wrapped"
 
 EVENTS = pa.schema(
     [

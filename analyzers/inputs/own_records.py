@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
-from ranktrace.analyzers import schema
+from ranktrace.tracer.formats import schema
 from ranktrace.analyzers.readers.base import ReadResult, Skipped
 from ranktrace.analyzers.readers.ranktrace_ring.rank_rings import read_host_rings
 from ranktrace.analyzers.readers.ranktrace_ring.window import (CATEGORY_CODES, KIND_CODES, NO_COMPLETION_SOURCES,

@@ -14,7 +14,7 @@ from typing import Iterable, Mapping
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ranktrace.analyzers.model import HostRun
+from ranktrace.analyzers.model.values import HostRun
 from ranktrace.analyzers.verdict import compact_ranks
 
 __all__ = ["rank_hosts", "display_names", "where_text", "by_host"]

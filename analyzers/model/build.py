@@ -1,7 +1,10 @@
-"""Everything the diagnose rules look at, computed once, so each rule is a function of a ``Context`` alone: no
-files, environment or process table (which processes are alive comes in as ``model.Liveness``)."""
+"""The analysis model, built once from the readers' records before any rule runs: each rule is a function of a
+``Model`` alone, with no files, environment or process table (which processes are alive comes in as
+``values.Liveness``; records the window left out come through ``records.MoreRecords``, asked here and nowhere
+else). The inputs are never changed: clock alignment and a widened window make new tables."""
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,28 +13,32 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ranktrace.analyzers import clocks, hostdir, hosts, hoststate, phases as phases_mod, schema, timeline, waitfor
-from ranktrace.analyzers.model import JobStatus, Liveness, OpenSpan
-from ranktrace.analyzers.readers.ranktrace_ring import RING_WRAPPED
-from ranktrace.analyzers.sources import MAX_WORLD, Inputs, collect
+from ranktrace.analyzers.model import clocks, hosts, hoststate, phases as phases_mod, timeline, waitfor
+from ranktrace.analyzers.model.records import MAX_WORLD, Inputs, MoreRecords, Prefixes
+from ranktrace.analyzers.model.values import JobStatus, Liveness, OpenSpan
+from ranktrace.tracer.formats import schema
+from ranktrace.tracer.formats.schema import RING_WRAPPED
 
-__all__ = ["Context", "build_context", "JobStatus"]
+__all__ = ["Model", "build_model", "JobStatus"]
 
 
-@dataclass
-class Context:
-    inputs: Inputs
-    events: pa.Table
-    ops: pa.Table
-    graph: waitfor.WaitForGraph
-    group_ranks: dict[str, tuple[int, ...]]
-    world: int | None
-    observed_ranks: set[int]
-    open_spans: list[OpenSpan]
-    stacks: dict[int, hoststate.RankStack]
-    host_states: dict[int, str]
-    phases: dict[int, str]
-    job: JobStatus
+@dataclass(frozen=True)
+class Model:
+    """What every rule reads, and nothing else: the job's events, its ops and the wait-for graph between ranks, each
+    rank's latest stack and host-side state, its phase, and how the job itself ended. Built by ``build_model``."""
+
+    inputs: Inputs                 # the readers' records as merged (clock-aligned where a run spans hosts)
+    events: pa.Table               # tracer.formats.schema.EVENTS: every reader's events, plus NCCL RAS's as events
+    ops: pa.Table                  # timeline.build_ops: one row per (rank, channel, seq) op, issued/returned/completed
+    graph: waitfor.WaitForGraph    # who waits on whom at each rank's pending head
+    group_ranks: dict[str, tuple[int, ...]]  # process group name -> its member ranks (global numbering)
+    world: int | None              # the job's world size, the largest any input states (None: nobody said)
+    observed_ranks: set[int]       # ranks some input says something about: the only ones a verdict may blame
+    open_spans: list[OpenSpan]     # calls entered and never left, every rank's
+    stacks: dict[int, hoststate.RankStack]   # rank -> its latest stack (hang-time dump or our own sample)
+    host_states: dict[int, str]    # rank -> hoststate.classify of that stack ("in_collective", "lock_wait", ...)
+    phases: dict[int, str]         # rank -> the phase it is in now (or was in last)
+    job: JobStatus                 # how the job ended, from our own meta.json, and who was alive
     open_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # of open_spans in events
     rank_pids: dict[int, tuple[int, ...]] = field(default_factory=dict)
     unranked_pids: tuple[int, ...] = ()   # traced processes that imported torch.distributed but never got a rank
@@ -44,6 +51,8 @@ class Context:
     exits_after_stop: frozenset[int] = frozenset()  # ranks whose recorded exit came after the job was stopped
     rank_hosts: dict[int, str] = field(default_factory=dict)   # a run across hosts: rank -> host (analyzers.hosts)
     host_clocks: dict[str, clocks.HostClock] = field(default_factory=dict)  # host dir name -> its clock
+    # rank -> where its op sequence departs from the majority's; built only when the wait-for graph has a cycle
+    departures: dict[int, waitfor.Departure] = field(default_factory=dict)
 
     def open_by_rank(self) -> dict[int, OpenSpan]:
         """Innermost (latest) open span per rank, preferring the rank's main process."""
@@ -59,45 +68,47 @@ class Context:
             return []
         return obs.filter(pc.equal(obs["kind"], kind)).to_pylist()
 
-    def departures(self) -> dict[int, waitfor.Departure]:
-        """Per-rank (op, call site) sequences in issue order, compared with the majority (cycle breaking).
 
-        Only asked for when the wait-for graph has a cycle. The same answer as ``waitfor.departures`` on the
-        per-rank label lists, vectorised: majority label per position by counting (position, label) pairs.
-        """
-        ops = self.ops.select(["rank", "t_enter", "seq", "name", "callsite"]).filter(self.ops["issued"]).sort_by(
-            [("rank", "ascending"), ("t_enter", "ascending"), ("seq", "ascending")])
-        if ops.num_rows == 0:
-            return {}
-        if ops["rank"].null_count or ops["name"].null_count:  # None ranks or names: the plain version
-            seqs: dict[int, list[str]] = {}
-            for r, n, c in zip(ops["rank"].to_pylist(), ops["name"].to_pylist(), ops["callsite"].to_pylist()):
-                seqs.setdefault(r, []).append(f"{n} @ {c}" if c else n)
-            return waitfor.departures(seqs)
-        with_site = pc.fill_null(pc.not_equal(ops["callsite"], ""), False)  # "name @ callsite", or the name alone
-        label = pc.if_else(with_site, pc.binary_join_element_wise(ops["name"], ops["callsite"], " @ "), ops["name"])
-        enc = pc.dictionary_encode(label)
-        labels = enc.chunk(0).dictionary.to_pylist() if enc.num_chunks else []
-        code = np.asarray(pa.chunked_array([c.indices for c in enc.chunks], pa.int32()).to_numpy(), dtype=np.int64)
-        rank = np.asarray(ops["rank"].to_numpy(), dtype=np.int64)
-        window = self.inputs.window
-        if window is not None and window.cut:  # ranks' earlier ops were left out of the window: read them again
-            rank, code, labels = _with_earlier_ops(rank, code, labels, collect(
-                self.inputs.paths, extra=window.extra, labels=True, rows=window.rows).window)
-        return _majority_departures(rank, code, labels)
+
+def _departures(ops: pa.Table, more: MoreRecords | None) -> dict[int, waitfor.Departure]:
+    """Per-rank (op, call site) sequences in issue order, compared with the majority (cycle breaking).
+
+    Built only when the wait-for graph has a cycle. The same answer as ``waitfor.departures`` on the per-rank label
+    lists, vectorised: majority label per position by counting (position, label) pairs. Where the window left a
+    rank's earlier ops out, they are asked for through `more`.
+    """
+    ops = ops.select(["rank", "t_enter", "seq", "name", "callsite"]).filter(ops["issued"]).sort_by(
+        [("rank", "ascending"), ("t_enter", "ascending"), ("seq", "ascending")])
+    if ops.num_rows == 0:
+        return {}
+    if ops["rank"].null_count or ops["name"].null_count:  # None ranks or names: the plain version
+        seqs: dict[int, list[str]] = {}
+        for r, n, c in zip(ops["rank"].to_pylist(), ops["name"].to_pylist(), ops["callsite"].to_pylist()):
+            seqs.setdefault(r, []).append(f"{n} @ {c}" if c else n)
+        return waitfor.departures(seqs)
+    with_site = pc.fill_null(pc.not_equal(ops["callsite"], ""), False)  # "name @ callsite", or the name alone
+    label = pc.if_else(with_site, pc.binary_join_element_wise(ops["name"], ops["callsite"], " @ "), ops["name"])
+    enc = pc.dictionary_encode(label)
+    labels = enc.chunk(0).dictionary.to_pylist() if enc.num_chunks else []
+    code = np.asarray(pa.chunked_array([c.indices for c in enc.chunks], pa.int32()).to_numpy(), dtype=np.int64)
+    rank = np.asarray(ops["rank"].to_numpy(), dtype=np.int64)
+    prefixes = more.earlier_ops() if more is not None else {}
+    if prefixes:  # ranks' earlier ops were left out of the window: put them in front
+        rank, code, labels = _with_earlier_ops(rank, code, labels, prefixes)
+    return _majority_departures(rank, code, labels)
 
 
 def _with_earlier_ops(rank: np.ndarray, code: np.ndarray, labels: list[str],
-                      window: Any) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Each rank's full sequence: what it ran before its window (hostdir.Window.prefixes: codes into a table of
-    their own, and how many of its kept ops are among them) followed by its kept ops from there on."""
+                      prefixes: Prefixes) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Each rank's full sequence: what it ran before its window (records.Prefixes: codes into a table of their own,
+    and how many of its kept ops are among them) followed by its kept ops from there on."""
     table = {x: i for i, x in enumerate(labels)}
     ranks, codes = [], []
     starts = np.flatnonzero(np.concatenate(([True], rank[1:] != rank[:-1])))
     for a, b in zip(starts.tolist(), np.append(starts[1:], len(rank)).tolist()):
         r = int(rank[a])
         mine = code[a:b]
-        got = window.prefixes.get(r) if window is not None else None
+        got = prefixes.get(r)
         if got is not None:
             pcodes, ptable, n_kept = got
             remap = np.array([table.setdefault(x, len(table)) for x in ptable], dtype=np.int64)
@@ -108,7 +119,7 @@ def _with_earlier_ops(rank: np.ndarray, code: np.ndarray, labels: list[str],
 
 
 def _majority_departures(rank: np.ndarray, code: np.ndarray, labels: list[str]) -> dict[int, waitfor.Departure]:
-    """Context.departures' counting, on (rank, label code) per op, ranks sorted and each rank's ops in order."""
+    """_departures' counting, on (rank, label code) per op, ranks sorted and each rank's ops in order."""
     starts = np.flatnonzero(np.concatenate(([True], rank[1:] != rank[:-1])))  # ranks are sorted
     length = np.diff(np.append(starts, len(rank)))
     pos = np.arange(len(rank)) - np.repeat(starts, length)  # position in the rank's own sequence
@@ -235,21 +246,21 @@ def _wrapped(events: pa.Table) -> frozenset[int]:
     return frozenset(r for r in marks["rank"].to_pylist() if r is not None)
 
 
-def build_context(inputs: Inputs, liveness: Liveness | None) -> Context:
+def build_model(inputs: Inputs, liveness: Liveness | None, more: MoreRecords | None = None) -> Model:
     """Everything the rules need, once. `liveness`: which processes the capture side saw alive (None: nobody
-    looked, so an unfinished run's state is unknown)."""
+    looked, so an unfinished run's state is unknown). `more`: how to ask for our own records the window left out
+    (None: what `inputs` holds is all there is)."""
     events = schema.concat(schema.EVENTS, [inputs.events, _ras_events(inputs.observations)])
     host_clocks = clocks.estimate(events)  # a run across hosts: every wall time on one clock (none for one host)
     if host_clocks:
         events = clocks.align(events, host_clocks)
-        inputs.stacks = clocks.align(inputs.stacks, host_clocks)
-        inputs.observations = clocks.align(inputs.observations, host_clocks)
+        inputs = dataclasses.replace(inputs, stacks=clocks.align(inputs.stacks, host_clocks),
+                                     observations=clocks.align(inputs.observations, host_clocks))
     ops = timeline.build_ops(events)
-    more = hostdir.needed_keys(ops, inputs.window)
-    if more:  # an op the wait-for graph compares lay outside the window of a rank's records: read them again with it
-        again = collect(inputs.paths, extra=inputs.window.extra | more,  # type: ignore[union-attr]
-                        rows=inputs.window.rows)  # type: ignore[union-attr]
-        inputs.events, inputs.window = again.events, again.window
+    wanted = more.wanted(ops) if more is not None else frozenset()
+    if wanted:  # an op the wait-for graph compares lay outside the window of a rank's records: read again with it
+        again = more.with_ops(wanted)  # type: ignore[union-attr]
+        inputs = dataclasses.replace(inputs, events=again.events, window=again.window)
         events = clocks.align(schema.concat(schema.EVENTS, [inputs.events, _ras_events(inputs.observations)]),
                               host_clocks)
         ops = timeline.build_ops(events)
@@ -286,7 +297,7 @@ def build_context(inputs: Inputs, liveness: Liveness | None) -> Context:
                 rank_pids.setdefault(rank, set()).add(pid)
             else:
                 unranked.add(pid)
-    for h in inputs.hosts:  # the rings' rank wins (a DP replica's ranks are moved apart: analyzers/dpworlds.py)
+    for h in inputs.hosts:  # the rings' rank wins (a DP replica's ranks are moved apart: analyzers/model/dpworlds.py)
         for pid, info in ((h.meta or {}).get("pids") or {}).items():
             if info.get("rank") is not None and ring_rank.get(int(pid)) in (None, info["rank"]):
                 rank_pids.setdefault(info["rank"], set()).add(int(pid))
@@ -307,8 +318,10 @@ def build_context(inputs: Inputs, liveness: Liveness | None) -> Context:
     current = phases_mod.current_phases(ledger)
     phase_names = timeline.last_phase(events)
     phase_names.update({r: p.name for r, p in current.items()})
-    return Context(
-        inputs=inputs, events=events, ops=ops, graph=waitfor.build_graph(ops, group_ranks, world, _wrapped(events)),
+    graph = waitfor.build_graph(ops, group_ranks, world, _wrapped(events))
+    cycle = any(len(c) > 1 for c in waitfor.sink_components(graph.successors())) if graph.edges else False
+    return Model(
+        inputs=inputs, events=events, ops=ops, graph=graph, departures=_departures(ops, more) if cycle else {},
         group_ranks=group_ranks, world=world, observed_ranks=observed, open_spans=timeline.open_spans(events, open_rows),
         stacks=stacks, host_states=host_states, phases=phase_names, job=job, open_rows=open_rows,
         rank_pids={r: tuple(sorted(p)) for r, p in rank_pids.items()}, unranked_pids=tuple(sorted(unranked)),

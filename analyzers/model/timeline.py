@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ranktrace.analyzers import schema
-from ranktrace.analyzers.model import OpenSpan
+from ranktrace.tracer.formats import schema
+from ranktrace.analyzers.model.values import OpenSpan
 
 __all__ = ["OPS", "build_ops", "last_issued", "OpenSpan", "open_spans", "open_enter_rows",
            "last_phase", "BLOCKING_COMPLETE_BACKENDS"]

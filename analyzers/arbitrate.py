@@ -15,14 +15,14 @@ The rules propose; this step decides, in one place, with the strength table belo
    are "unobserved" and are taken off the culprit list (the finding says so).
 3. **The strongest remaining candidate wins**; between equals, the rules' order (diagnose.RULES) decides.
 
-Rules stay functions of the Context; nothing here reads files.
+Rules stay functions of the Model; nothing here reads files.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 from ranktrace.analyzers.diagnose.candidate import Candidate, from_burst, ranks_text
-from ranktrace.analyzers.diagnose.context import Context
+from ranktrace.analyzers.model.build import Model
 from ranktrace.analyzers.verdict import Evidence, Finding
 
 __all__ = ["STRENGTH", "strength", "Decision", "arbitrate", "DEFAULT_HANG_AFTER_S", "hang_seen_before_stop"]
@@ -110,14 +110,14 @@ class Decision:
 _SERVING_PROGRESS = frozenset({"requests", "batches", "running_requests"})
 
 
-def serving(ctx: Context) -> bool:
+def serving(ctx: Model) -> bool:
     """The server says it serves (a ready line, a serving phase) or its log shows requests being served."""
     return any(p == "serving" for p in ctx.phases.values()) or any(
         o["name"] == "server_ready" for o in ctx.observations("completion")) or any(
         o["name"] in _SERVING_PROGRESS for o in ctx.observations("progress"))
 
 
-def arbitrate(ctx: Context, candidates: list[Candidate]) -> Decision:
+def arbitrate(ctx: Model, candidates: list[Candidate]) -> Decision:
     notes: list[Finding] = []
     aside: list[int] = []
     if serving(ctx):  # after "serving", a rank waiting for requests is idle, not hung
@@ -173,7 +173,7 @@ def _failed(c: Candidate) -> bool:
                for d in _states(c))
 
 
-def _completion_veto(ctx: Context, c: Candidate) -> Finding | None:
+def _completion_veto(ctx: Model, c: Candidate) -> Finding | None:
     """Completion is a veto: finished work is never a hang. Only for inputs that are not our own run (ours know the
     job's exit status and are judged by it)."""
     if ctx.job.traced or c.kind not in ("stuck_in_collective", "missing_ranks"):
@@ -198,7 +198,7 @@ def _completion_veto(ctx: Context, c: Candidate) -> Finding | None:
                              o["rank"]),))
 
 
-def _recording_end_veto(ctx: Context, c: Candidate) -> Finding | None:
+def _recording_end_veto(ctx: Model, c: Candidate) -> Finding | None:
     """A profiler recording that ends with work in flight, which is what every trace of a running job shows: a Kineto
     trace (written only once its window closed), or an nsys export whose last records are launches without a
     completion while every host-side range in it closed."""
@@ -231,7 +231,7 @@ def _recording_end_veto(ctx: Context, c: Candidate) -> Finding | None:
                    "going on without it", (), 0.8, (e,))
 
 
-def _stacks_veto(ctx: Context, c: Candidate) -> Finding | None:
+def _stacks_veto(ctx: Model, c: Candidate) -> Finding | None:
     """Hang-time stacks outrank statements: a candidate resting on logs or the Flight Recorder that puts ranks inside
     a collective, while stacks sampled at the hang show every one of those ranks outside communication."""
     if c.kind not in _IN_COLLECTIVE_KINDS or _sources(c) & _OWN:
@@ -250,7 +250,7 @@ def _stacks_veto(ctx: Context, c: Candidate) -> Finding | None:
                    (Evidence(st.source or "pyspy", st.file, st.line, f"rank {r0}: {ctx.host_states.get(r0)}", r0),))
 
 
-def _witnessed(ctx: Context, c: Candidate) -> tuple[Candidate, Finding | None]:
+def _witnessed(ctx: Model, c: Candidate) -> tuple[Candidate, Finding | None]:
     """Blame needs a witness: culprits no input says anything about are taken off (they are 'unobserved')."""
     if not c.culprits or not ctx.observed_ranks:
         return c, None
@@ -272,7 +272,7 @@ def _named_ranks(c: Candidate) -> set[int]:
     return set(c.stated) | {e.rank for f in c.findings for e in f.evidence if e.rank is not None}
 
 
-def hang_seen_before_stop(ctx: Context) -> bool:
+def hang_seen_before_stop(ctx: Model) -> bool:
     """Before the job was stopped from outside, was a hang already seen? A burst the watchdog (or a person's
     `trace snapshot`) took before the stop, or a call left open since at least the default silence threshold."""
     stop = ctx.job.stopped_ns
@@ -299,7 +299,7 @@ def hang_seen_before_stop(ctx: Context) -> bool:
 _STOP_CONSEQUENCE = ("terminated_by=", "KeyboardInterrupt", "closing signal", "SIGINT", "SIGTERM", "SIGHUP")
 
 
-def _untraced_stop(ctx: Context, candidates: list[Candidate]) -> Finding | None:
+def _untraced_stop(ctx: Model, candidates: list[Candidate]) -> Finding | None:
     """Files that show the job stopped from outside (a launcher's "Received 2 death signal", Slurm's "CANCELLED
     AT"), with no candidate resting on anything said before that line and no rank failing on its own before it."""
     if ctx.job.traced:
@@ -332,7 +332,7 @@ def _untraced_stop(ctx: Context, candidates: list[Candidate]) -> Finding | None:
                    (Evidence(stop["source"] or "log", f, stop["line"], (stop["detail"] or "")[:200]),))
 
 
-def _stop_without_hang(ctx: Context, candidates: list[Candidate]) -> Finding | None:
+def _stop_without_hang(ctx: Model, candidates: list[Candidate]) -> Finding | None:
     """A stop from outside with no hang seen before it: no culprit, the stop is the outcome."""
     job = ctx.job
     if not job.traced:

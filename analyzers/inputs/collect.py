@@ -7,7 +7,7 @@ import importlib
 import json
 import os
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +15,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ranktrace.analyzers import archives, hostdir, schema
-from ranktrace.analyzers.model import HostRun
+from ranktrace.analyzers.inputs import archives, own_records
+from ranktrace.tracer.formats import schema
+from ranktrace.analyzers.model.records import MAX_WORLD, InputRead, Inputs, Prefixes
+from ranktrace.analyzers.model.values import HostRun
 from ranktrace.analyzers.readers.base import ReaderError, ReadResult, Skipped
 
-__all__ = ["Inputs", "InputError", "InputRead", "collect", "readable_host_dirs", "STRUCTURED", "HostRun"]
+__all__ = ["InputError", "collect", "Rereader", "readable_host_dirs", "STRUCTURED"]
 
 # Structured formats (binary, JSON, SQLite) are recognised by their first bytes and read whole, by one reader. Every
 # other input is text: opened once by the shared opener and read by each family whose signatures it holds
@@ -27,9 +29,6 @@ __all__ = ["Inputs", "InputError", "InputRead", "collect", "readable_host_dirs",
 STRUCTURED = ("ranktrace_ring", "nsys", "flight_recorder", "kineto", "nccl_ras", "pyspy")
 _JSON_ONLY = frozenset({"nccl_ras", "pyspy"})  # their text forms are text families like the others
 HEAD_BYTES = 64 * 1024
-# More ranks than any job has (the largest runs have ~10^5): a world size above this is a damaged or hand-edited
-# field, and believing it costs the analysis time and memory linear in it (a RAS dump saying 2^70 never ended).
-MAX_WORLD = 1 << 18
 _OWN_FILES = {"meta.json", "verdict.json", "report.html", "events.arrow", "proc.json", "problems.txt", "system.json"}
 
 
@@ -38,34 +37,27 @@ class InputError(Exception):
 
 
 @dataclass(frozen=True)
-class InputRead:
-    """How one input file was read: which families recognised it, the ranks it named, the lines used."""
+class Rereader:
+    """The model's way back to the files (model.records.MoreRecords): the same paths read again with more of our
+    own records kept, asked only when the window of a rank's latest records left out what the wait-for graph
+    compares. The model never calls ``collect`` itself."""
 
-    file: str
-    recognised: tuple[str, ...]
-    ranks: tuple[int, ...] = ()
-    lines_used: int | None = None
-    lines_total: int | None = None
-    note: str = ""
+    first: Inputs
 
+    def wanted(self, ops: pa.Table) -> frozenset[tuple[str, int]]:
+        return own_records.needed_keys(ops, self.first.window)
 
-@dataclass
-class Inputs:
-    events: pa.Table
-    stacks: pa.Table
-    observations: pa.Table
-    skipped: list[Skipped] = field(default_factory=list)
-    files: list[str] = field(default_factory=list)
-    formats: dict[str, list[str]] = field(default_factory=dict)
-    hosts: list[HostRun] = field(default_factory=list)
-    world_size: int | None = None
-    reads: list[InputRead] = field(default_factory=list)
-    paths: list[Path] = field(default_factory=list)
-    window: hostdir.Window | None = None   # what the host dirs' own records were read through (issue #19)
+    def with_ops(self, keys: frozenset[tuple[str, int]]) -> Inputs:
+        w = self.first.window
+        assert w is not None, "only asked where wanted() found ops, which needs a window"
+        again = collect(self.first.paths, extra=w.extra | keys, rows=w.rows)
+        return dataclasses.replace(self.first, events=again.events, window=again.window)
 
-    @property
-    def has_ranktrace(self) -> bool:
-        return bool(self.hosts)
+    def earlier_ops(self) -> Prefixes:
+        w = self.first.window
+        if w is None or not w.cut:
+            return {}
+        return collect(self.first.paths, extra=w.extra, labels=True, rows=w.rows).window.prefixes
 
 
 def _load_readers() -> list[tuple[str, Any]]:
@@ -97,8 +89,8 @@ def collect(paths: list[Path], *, extra: frozenset[tuple[str, int]] = frozenset(
     """Read everything under `paths`. Raises InputError when nothing at all could be used.
 
     `extra`: (channel, seq) of ops to keep even where the window of a host dir's own records would drop them
-    (hostdir.needed_keys); `labels`: also what each rank ran before its window (hostdir.Window.prefixes); `rows`:
-    records kept per rank (default: the run's budget, hostdir.rows_per_rank)."""
+    (own_records.needed_keys); `labels`: also what each rank ran before its window (own_records.Window.prefixes); `rows`:
+    records kept per rank (default: the run's budget, own_records.rows_per_rank)."""
     paths, unpacked = archives.expand_noted(paths)  # tar archives (a host dir packed where it ran) read as what they
     readers = _load_readers()                         # hold; `unpacked`: the bounds archives went past (#31)
     results: list[ReadResult] = []
@@ -106,8 +98,8 @@ def collect(paths: list[Path], *, extra: frozenset[tuple[str, int]] = frozenset(
     hosts: list[HostRun] = []
     files: list[Path] = []
     if rows is None:
-        rows = hostdir.rows_per_rank([hd for p in paths for hd in readable_host_dirs(p)])
-    window = hostdir.Window(rows, extra, labels)
+        rows = own_records.rows_per_rank([hd for p in paths for hd in readable_host_dirs(p)])
+    window = own_records.Window(rows, extra, labels)
     for p in paths:
         try:
             mode = os.stat(p).st_mode
@@ -145,28 +137,27 @@ def collect(paths: list[Path], *, extra: frozenset[tuple[str, int]] = frozenset(
         if skipped:
             raise InputError(f"nothing readable in {where}: " + "; ".join(f"{s.file}: {s.reason}" for s in skipped[:5]))
         raise InputError(f"nothing to analyze in {where}: no trace directory and no file in a known format")
-    inputs = Inputs(
-        events=schema.concat(schema.EVENTS, [r.events for r in results]),
-        stacks=schema.concat(schema.STACKS, [r.stacks for r in results]),
-        observations=schema.concat(schema.OBSERVATIONS, [r.observations for r in results]),
+    from ranktrace.analyzers.model.dpworlds import separate_dp_worlds
+
+    events, stacks, observations = _fill_ranks(
+        schema.concat(schema.EVENTS, [r.events for r in results]),
+        schema.concat(schema.STACKS, [r.stacks for r in results]),
+        schema.concat(schema.OBSERVATIONS, [r.observations for r in results]), hosts)
+    events, stacks, observations, dp_world = separate_dp_worlds(events, stacks, observations)
+    world_size = max((r.world_size for r in results if r.world_size and 0 < r.world_size <= MAX_WORLD), default=None)
+    if dp_world:
+        world_size = max(world_size or 0, dp_world)
+    return Inputs(
+        events=events, stacks=stacks, observations=observations,
         skipped=skipped + [s for r in results for s in r.skipped],
         files=[r.file for r in results],
         formats=formats,
         hosts=hosts,
-        world_size=max((r.world_size for r in results if r.world_size and 0 < r.world_size <= MAX_WORLD),
-                       default=None),
+        world_size=world_size,
         reads=reads,
         paths=list(paths),
         window=window if hosts else None,
     )
-    _fill_ranks(inputs)
-    from ranktrace.analyzers.dpworlds import separate_dp_worlds
-
-    inputs.events, inputs.stacks, inputs.observations, dp_world = separate_dp_worlds(
-        inputs.events, inputs.stacks, inputs.observations)
-    if dp_world:
-        inputs.world_size = max(inputs.world_size or 0, dp_world)
-    return inputs
 
 
 def readable_host_dirs(p: Path) -> list[Path]:
@@ -322,7 +313,7 @@ def _looks_binary(head: bytes) -> bool:
 
 
 def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], files: list[Path],
-                   window: hostdir.Window) -> HostRun:
+                   window: own_records.Window) -> HostRun:
     """A ranktrace host directory: events.arrow (or the rings, for a live or unfinalized job), plus dumps/ and nccl/."""
     meta: dict[str, Any] | None = None
     mp = hd / "meta.json"
@@ -348,7 +339,7 @@ def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], 
         except (OSError, ValueError) as e:
             skipped.append(Skipped(str(hd / "system.json"), None, f"unreadable ({e})"))
     host = hd.name
-    results.extend(hostdir.read_own(hd, host, window, skipped))  # events.arrow, else the rings; windowed at scale
+    results.extend(own_records.read_own(hd, host, window, skipped))  # events.arrow, else the rings; windowed at scale
     if _isdir(hd / "samples") or _isdir(hd / "dumps"):
         # the monitor's periodic samples (stacks, /proc, GPU) and the RAS pairs its bursts saved; sampled stacks of
         # a job that completed cleanly are older than its end, so only their observations are kept then
@@ -479,24 +470,25 @@ def checked_meta(meta: dict[str, Any], name: str, skipped: list[Skipped]) -> dic
     return out
 
 
-def _fill_ranks(inputs: Inputs) -> None:
+def _fill_ranks(events: pa.Table, stacks: pa.Table, observations: pa.Table,
+                hosts: list[HostRun]) -> tuple[pa.Table, pa.Table, pa.Table]:
     """Fill null ranks: pid -> rank from events of the same host, else the file name.
 
     Vectorised: the rank is decided once per distinct (host, pid, file) among the rows that lack one.
     """
-    tables = (inputs.events, inputs.stacks, inputs.observations)
+    tables = (events, stacks, observations)
     if not any(t.num_rows and t["rank"].null_count for t in tables):
-        return
+        return tables
     from ranktrace.analyzers.readers.common.ranks import rank_from_name
 
-    ev = inputs.events
+    ev = events
     # only rows that name their process: log lines without a pid would make (host, None) -> the highest rank any
     # file saw, and every other unattributed line would then be pinned on that rank
     known = ev.select(["host", "pid", "rank"]).filter(pc.and_(pc.is_valid(ev["rank"]), pc.is_valid(ev["pid"])))
     pid_rank: dict[tuple[Any, Any], int] = {}
     for row in known.group_by(["host", "pid"], use_threads=False).aggregate([("rank", "max")]).to_pylist():
         pid_rank[(row["host"], row["pid"])] = row["rank_max"]
-    for h_run in inputs.hosts:  # meta.json's pid map covers processes whose ring was lost
+    for h_run in hosts:  # meta.json's pid map covers processes whose ring was lost
         for pid, info in ((h_run.meta or {}).get("pids") or {}).items():
             if info.get("rank") is not None:
                 pid_rank.setdefault((h_run.host_dir.name, int(pid)), info["rank"])
@@ -538,6 +530,4 @@ def _fill_ranks(inputs: Inputs) -> None:
         filled = pa.array(values, pa.int32(), mask=still if still.any() else None)
         return table.set_column(table.schema.get_field_index("rank"), "rank", filled)
 
-    inputs.events = fill(inputs.events)
-    inputs.stacks = fill(inputs.stacks)
-    inputs.observations = fill(inputs.observations)
+    return fill(events), fill(stacks), fill(observations)

@@ -1,14 +1,16 @@
-"""The one way into the analysis: paths, and what the capture side saw alive, in; an ``Analysis`` out. Every
-command and the watchdog call it; nothing here prints, exits or looks at the process table."""
+"""The one way into the analysis: paths, and what the capture side saw alive, in; an ``Analysis`` out, by four
+stages — inputs (find and read the files), model (built once), diagnose (the rules), arbitrate (one ordering by
+the evidence). Every command and the watchdog call it; nothing here prints, exits or looks at the process table."""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ranktrace.analyzers import diagnose as diagnose_mod
-from ranktrace.analyzers.model import Analysis, Liveness
-from ranktrace.analyzers.sources import InputError, collect
+from ranktrace.analyzers.diagnose import diagnose
+from ranktrace.analyzers.model.build import build_model
+from ranktrace.analyzers.model.values import Analysis, Liveness
+from ranktrace.analyzers.inputs.collect import InputError, Rereader, collect
 from ranktrace.analyzers.verdict import Verdict
 
 __all__ = ["Analysis", "Liveness", "Refreshed", "analyze", "refresh_run", "write_run_files", "exit_code",
@@ -27,13 +29,14 @@ def analyze(paths: list[Path], *, liveness: Liveness | None, whole: bool = False
     compare reads each rank's whole op sequence). Raises InputError when nothing at all could be used.
     """
     inputs = collect([Path(p) for p in paths], rows=WHOLE if whole else None)
-    ctx = diagnose_mod.build_context(inputs, liveness)
-    verdict = diagnose_mod.diagnose(ctx)
+    model = build_model(inputs, liveness, Rereader(inputs))
+    verdict = diagnose(model)
+    seen = model.inputs  # clock-aligned, and widened where the window left out an op the graph compares
     return Analysis(
-        verdict=verdict, events=ctx.events, ops=ctx.ops, stacks=inputs.stacks, observations=inputs.observations,
-        open_spans=tuple(ctx.open_spans), open_rows=tuple(int(i) for i in ctx.open_rows), job=ctx.job,
-        liveness=liveness, hosts=tuple(inputs.hosts), files=tuple(inputs.files), skipped=tuple(inputs.skipped),
-        windowed=bool(inputs.window is not None and inputs.window.cut),
+        verdict=verdict, events=model.events, ops=model.ops, stacks=seen.stacks, observations=seen.observations,
+        open_spans=tuple(model.open_spans), open_rows=tuple(int(i) for i in model.open_rows), job=model.job,
+        liveness=liveness, hosts=tuple(seen.hosts), files=tuple(seen.files), skipped=tuple(seen.skipped),
+        windowed=seen.windowed,
     )
 
 

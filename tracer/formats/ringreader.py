@@ -15,7 +15,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any
 
-from ranktrace.tracer.ringformat import (FLAG_META_FULL, HEADER, MAGIC, META_COMMIT, META_OFFSET, META_REC,
+from ranktrace.tracer.formats.ringformat import (FLAG_META_FULL, HEADER, MAGIC, META_COMMIT, META_OFFSET, META_REC,
                                          SLOT_SIZE, VERSION)
 
 __all__ = ["RingContents", "RingError", "RingView", "read_ring", "slot_dtype", "SLOT_FIELDS", "written_slots"]
