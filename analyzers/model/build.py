@@ -98,11 +98,11 @@ def _departures(ops: pa.Table, more: MoreRecords | None) -> dict[int, waitfor.De
     return _majority_departures(rank, code, labels)
 
 
-def _with_earlier_ops(rank: np.ndarray, code: np.ndarray, labels: list[str],
-                      prefixes: Prefixes) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def _with_earlier_ops(rank: np.ndarray, code: np.ndarray, labels: list[str | None],
+                      prefixes: Prefixes) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
     """Each rank's full sequence: what it ran before its window (records.Prefixes: codes into a table of their own,
     and how many of its kept ops are among them) followed by its kept ops from there on."""
-    table = {x: i for i, x in enumerate(labels)}
+    table: dict[str | None, int] = {x: i for i, x in enumerate(labels)}
     ranks, codes = [], []
     starts = np.flatnonzero(np.concatenate(([True], rank[1:] != rank[:-1])))
     for a, b in zip(starts.tolist(), np.append(starts[1:], len(rank)).tolist()):
@@ -118,7 +118,8 @@ def _with_earlier_ops(rank: np.ndarray, code: np.ndarray, labels: list[str],
     return np.concatenate(ranks), np.concatenate(codes), list(table)
 
 
-def _majority_departures(rank: np.ndarray, code: np.ndarray, labels: list[str]) -> dict[int, waitfor.Departure]:
+def _majority_departures(rank: np.ndarray, code: np.ndarray,
+                         labels: list[str | None]) -> dict[int, waitfor.Departure]:
     """_departures' counting, on (rank, label code) per op, ranks sorted and each rank's ops in order."""
     starts = np.flatnonzero(np.concatenate(([True], rank[1:] != rank[:-1])))  # ranks are sorted
     length = np.diff(np.append(starts, len(rank)))
@@ -178,7 +179,7 @@ def _job_status(inputs: Inputs, liveness: Liveness | None) -> JobStatus:
         return JobStatus(False, False, None, None)
     ended = all(h.ended for h in inputs.hosts)
     codes = [(h.meta or {}).get("exit") or {} for h in inputs.hosts]
-    exit_code = max((c.get("exit_code") for c in codes if c.get("exit_code") is not None), default=None)
+    exit_code = max((int(x) for c in codes if (x := c.get("exit_code")) is not None), default=None)
     sig = next((c.get("signal") for c in codes if c.get("signal")), None)
     seen = [None if liveness is None else liveness.pids_at(h.host_dir) for h in inputs.hosts]
     known = all(pids is not None for pids in seen)
@@ -339,7 +340,7 @@ def _as_of_ns(inputs: Inputs, liveness: Liveness | None, events: pa.Table) -> in
         return int(liveness.checked_at * 1e9)
     ends = [(h.meta or {}).get("end_wall_ns") for h in inputs.hosts]
     if ends and all(ends):
-        return max(ends)
+        return max(int(e) for e in ends if e)
     if events.num_rows and events["wall_ns"].null_count < events.num_rows:
         return pc.max(events["wall_ns"]).as_py()
     return None

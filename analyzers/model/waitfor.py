@@ -334,7 +334,7 @@ def break_cycles(component: tuple[int, ...], deps: dict[int, Departure]) -> tupl
     """Culprits inside one sink component and the confidence. Singletons are their own culprit."""
     if len(component) == 1:
         return component, 0.9
-    positions = {r: deps[r].position for r in component if r in deps and deps[r].position is not None}
+    positions: dict[int, int] = {r: p for r in component if r in deps and (p := deps[r].position) is not None}
     if not positions:
         return component, 0.4
     first = min(positions.values())
