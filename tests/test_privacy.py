@@ -136,3 +136,30 @@ def test_short_p_flags_are_redacted():
 
     out = redact.redact_argv(["mysql", "-p", "hunter2", "-psecretpw9", "-u", "bob"])
     assert "hunter2" not in out and "secretpw9" not in " ".join(out) and "bob" in out
+
+
+@pytest.mark.parametrize("argv,secret", [
+    (["psql-app", "--db-pass", "hunter2"], "hunter2"),          # a flag ending in a PASS word
+    (["gpg", "--passphrase=open-sesame"], "open-sesame"),
+    (["app", "--db-pw", "s3cr3t"], "s3cr3t"),
+    (["app", "postgres://bob:pa/ss9@db:5432/x"], "pa/ss9"),      # a URL password with an unescaped '/'
+    (["aws", "configure", "set", "aws_secret_access_key", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"],
+     "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"),               # a positional AWS secret key
+])
+def test_secrets_round_three(argv: list[str], secret: str):
+    """The shapes trust round 3 found kept (issue #31): each is redacted, the rest of the line stays readable."""
+    from ranktrace.tracer.formats import redact
+
+    out = redact.redact_argv(argv)
+    assert secret not in " ".join(out) and redact.REDACTED in out[-1], out
+    assert out[0] == argv[0]
+
+
+def test_pass_words_are_secret_names_and_the_working_directory_is_not():
+    from ranktrace.tracer.formats import redact
+
+    env = redact.redact_env({"DB_PASS": "a1", "MYSQL_PWD": "b2", "GPG_PASSPHRASE": "c3", "PWD": "/home/u",
+                             "OLDPWD": "/tmp", "PASSENGER_COUNT": "3", "PASSTHROUGH": "1"})
+    assert [k for k, v in env.items() if v == redact.REDACTED] == ["DB_PASS", "MYSQL_PWD", "GPG_PASSPHRASE"]
+    assert redact.redact_argv(["--passenger", "3", "models/Llama3-8B/step1000"]) == [
+        "--passenger", "3", "models/Llama3-8B/step1000"]

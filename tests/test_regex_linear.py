@@ -73,7 +73,7 @@ for m in pkgutil.walk_packages(ranktrace.analyzers.__path__, "ranktrace.analyzer
 import ranktrace.tracer.formats.redact as redact
 for k, v in vars(redact).items():
     walk(v, f"ranktrace.tracer.formats.redact.{k}")
-for f in sorted((ROOT / "analyzers").rglob("*.py")) + [ROOT / "tracer" / "redact.py"]:
+for f in sorted((ROOT / "analyzers").rglob("*.py")) + sorted((ROOT / "tracer" / "formats").rglob("*.py")):
     for node in ast.walk(ast.parse(f.read_text())):
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
                 and node.func.value.id == "re" and node.args):

@@ -21,8 +21,13 @@ from typing import Mapping, Sequence
 __all__ = ["REDACTED", "secret_name", "redact_value", "redact_env", "redact_argv"]
 
 REDACTED = "<redacted>"
-_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSW(OR)?D|CREDENTIAL|AUTH|COOKIE|SESSION", re.IGNORECASE)
-_URL_USERINFO = re.compile(r"(?<![\w+.-])(?P<scheme>[a-zA-Z][\w+.-]*://)(?P<user>[^:/@\s]+):(?P<pw>[^@/\s]+)@")
+# a name that says secret: the usual words, a passphrase, and PASS / PW / PWD as a word of the name (DB_PASS, --db-pw,
+# MYSQL_PWD; not PWD itself, the working directory, and not PASSENGER or PASSTHROUGH)
+_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSW(OR)?D|PASSPHRASE|CREDENTIAL|AUTH|COOKIE|SESSION|"
+                          r"(?:^|[_.-])(?:PASS|PW)(?:$|[_.-])|[_.-]PWD$", re.IGNORECASE)
+# user:password@ in a URL; the password may hold a '/' (people write them unescaped), bounded so a long line with no
+# '@' costs linear time
+_URL_USERINFO = re.compile(r"(?<![\w+.-])(?P<scheme>[a-zA-Z][\w+.-]*://)(?P<user>[^:/@\s]{1,256}):(?P<pw>[^@\s]{1,256})@")
 _TOKEN_SHAPES = [
     re.compile(r"\b(hf|ghp|gho|ghu|ghs|ghr|github_pat|glpat|xox[abpsr]|sk|pk|rk|sk-proj|AKIA|ASIA|AIza|ya29)[-_][A-Za-z0-9_\-]{12,}"),
     re.compile(r"\bAKIA[0-9A-Z]{16}\b"),
@@ -31,9 +36,14 @@ _TOKEN_SHAPES = [
 # Long opaque strings: at least 32 chars of base64/hex alphabet mixing letters and digits, no path separators.
 _OPAQUE = re.compile(
     r"(?<![\w/.+=-])(?=[A-Za-z0-9_\-+=]{32,}(?![\w/.-]))(?=[A-Za-z_\-+=]*\d)(?=[0-9_\-+=]*[A-Za-z])[A-Za-z0-9_\-+=]{32,}")
-_SECRET_FLAG = re.compile(r"^--?[\w.-]*(token|key|secret|passw(or)?d|credential|auth)[\w.-]*$|^--?(pass|pw|pwd)$",
-                          re.IGNORECASE)
-_SECRET_WORD = r"[\w.-]{0,64}?(?:token|key|secret|passw(?:or)?d|credential|auth|cookie|session)[\w.-]{0,64}"
+_SECRET_FLAG = re.compile(r"^--?[\w.-]*(token|key|secret|passw(or)?d|passphrase|credential|auth)[\w.-]*$|"
+                          r"^--?([\w.-]*[_.-])?(pass|pw|pwd)$", re.IGNORECASE)
+_SECRET_WORD = (r"[\w.-]{0,64}?(?:token|key|secret|passw(?:or)?d|passphrase|credential|auth|cookie|session|"
+                r"(?<![a-z])pass(?![a-z]))[\w.-]{0,64}")
+# An AWS secret access key given as a bare argument (`aws configure set aws_secret_access_key X` reads it from the
+# position): exactly 40 characters of base64's alphabet mixing upper case, lower case and digits.
+_AWS_SECRET = re.compile(r"(?=[A-Za-z0-9/+]{0,39}[A-Z])(?=[A-Za-z0-9/+]{0,39}[a-z])(?=[A-Za-z0-9/+]{0,39}\d)"
+                         r"[A-Za-z0-9/+]{40}")
 # name: value / name=value inside a value, the name optionally quoted (JSON, a dict repr, k=v lists); the value a
 # quoted string or a bare run up to the next separator. The name is bounded and must start at a word boundary.
 _PAIR = re.compile(
@@ -108,6 +118,9 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
             continue
         elif "=" in arg and secret_name(arg.split("=", 1)[0]) and not arg.startswith("-"):
             out.append(f"{arg.split('=', 1)[0]}={REDACTED}")  # KEY=VALUE style arguments (env, torchrun)
+            continue
+        elif _AWS_SECRET.fullmatch(arg) and not arg.startswith(("/", ".")) and "//" not in arg:
+            out.append(REDACTED)  # a positional AWS secret key (a path this long starts with / or . or has //)
             continue
         out.append(redact_value(arg))
     return out
