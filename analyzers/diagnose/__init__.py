@@ -6,6 +6,8 @@ import re
 from collections import Counter
 from typing import Callable
 
+import pyarrow.compute as pc
+
 from ranktrace.analyzers.model import hosts as hosts_mod
 from ranktrace.analyzers.model import hoststate
 from ranktrace.analyzers.model import stacks as stacks_mod
@@ -197,8 +199,24 @@ def _watchdog_timeouts(ctx: Model) -> bool:
     return bool(pc.any(pc.equal(ev["source"], "watchdog")).as_py())
 
 
+def _recorded_nothing(ctx: Model) -> bool:
+    """A run of ours in which no process of the job wrote a record: no ring, no rank, no stack."""
+    ev = ctx.events
+    ours = ev.num_rows and bool(pc.any(pc.equal(ev["source"], "events")).as_py())
+    pids = any((h.meta or {}).get("pids") for h in ctx.inputs.hosts)
+    return not ours and not pids and not ctx.rank_pids and ctx.inputs.stacks.num_rows == 0
+
+
 def _no_primary(ctx: Model, status: str) -> tuple[str, str, list[str]]:
     job = ctx.job
+    if status == "completed" and job.traced and _recorded_nothing(ctx):
+        why = next((h.meta["untraced"] for h in ctx.inputs.hosts if (h.meta or {}).get("untraced")), None)
+        return ("no_hang", "The job exited with status 0, but no process of it was traced"
+                + (f" ({why.split(', so ranktrace')[0]})" if why else " (ranktrace never loaded into it)")
+                + ": nothing is known about its collectives.",
+                ["Run it again without the option that keeps ranktrace out." if why else
+                 "Check that the job's Python reads PYTHONPATH (no -I / -E / -S, no wrapper that clears the "
+                 "environment): ranktrace enters through it."])
     if status == "completed":
         return "no_hang", "The job completed: every collective that was issued completed.", []
     if status == "interrupted":

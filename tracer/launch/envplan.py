@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-__all__ = ["EnvPlan", "plan_environment", "INJECT_DIR", "FORBIDDEN", "curated_subset", "HOOKS_ENV", "hooks_value"]
+__all__ = ["EnvPlan", "plan_environment", "INJECT_DIR", "FORBIDDEN", "curated_subset", "HOOKS_ENV", "hooks_value",
+           "untraceable_reason"]
 
 HOOKS_ENV = "RANKTRACE_HOOKS"  # read in-rank by tracer/rank/patch_user.py
 PROFILE_ENV = "RANKTRACE_PROFILE"  # likewise: the JSON plan of the profile trace run picked
@@ -91,3 +92,42 @@ def hooks_value(base: Mapping[str, str], hooks: Sequence[str]) -> str:
 def curated_subset(env: Mapping[str, str]) -> dict[str, str]:
     """The variables worth keeping in meta.json (not yet redacted)."""
     return {k: v for k, v in sorted(env.items()) if k in _CURATED_NAMES or k.startswith(_CURATED_PREFIXES)}
+
+
+# Python options that take the next argument as their value (so it is no flag cluster): -c/-m end the options.
+_PY_ARG_OPTIONS = frozenset("WXQ")
+_PY_FLAG_TEXT = {"I": "-I (isolated mode) ignores PYTHONPATH and the site hooks",
+                 "E": "-E ignores PYTHONPATH", "S": "-S skips the site module (and with it sitecustomize)"}
+
+
+def untraceable_reason(command: Sequence[str]) -> str | None:
+    """One line when the command is a Python started so that ranktrace cannot load into it (``python -I``, ``-E``,
+    ``-S``: ranktrace enters through PYTHONPATH's sitecustomize), else None. The job runs as given either way; the
+    line says that its ranks will not be traced, instead of a run that looks traced and recorded nothing."""
+    if not command or not os.path.basename(command[0]).startswith("python"):
+        return None
+    found: list[str] = []
+    args = list(command[1:])
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--" or not arg.startswith("-") or arg.startswith("--") or arg == "-":
+            break  # the script (or an option of python's own long form): python's options end here
+        i += 1
+        for k, ch in enumerate(arg[1:], 1):
+            if ch in "cm":  # -c CODE / -m MODULE: what follows is the program's
+                return _untraced_text(found)
+            if ch in _PY_ARG_OPTIONS:  # -W ignore, -X dev, -Wignore: the value is this option's
+                i += 1 if k == len(arg) - 1 else 0
+                break
+            if ch in _PY_FLAG_TEXT and ch not in found:
+                found.append(ch)
+    return _untraced_text(found)
+
+
+def _untraced_text(found: list[str]) -> str | None:
+    if not found:
+        return None
+    why = "; ".join(_PY_FLAG_TEXT[ch] for ch in found)
+    return (f"python {' '.join('-' + ch for ch in found)}: {why}, so ranktrace cannot load into this process and its "
+            f"ranks will not be traced (drop the option to trace them; the job runs as given)")

@@ -253,6 +253,10 @@ def launch(
     if fast_error:
         presenter.note(f"compiled fast path unavailable ({fast_error}): each traced call costs ~2 us instead of "
                        f"< 1 us")
+    untraced = envplan.untraceable_reason(opts.command)
+    if untraced:  # said before the job starts, kept in meta.json for the verdict (which then claims nothing)
+        log(untraced)
+        meta.update_meta(host_dir, untraced=untraced)
     ns, command = nsys.start(host_dir, opts.command, opts.nsys_args, log) if opts.nsys else (None, opts.command)
     output = output_log.OutputLog(host_dir, log)  # the job's output also kept in <host>/output.log, where harmless
     proc = _start(command, plan.env, **output.popen_kwargs())
