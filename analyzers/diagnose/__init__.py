@@ -210,7 +210,7 @@ def _recorded_nothing(ctx: Model) -> bool:
 def _no_primary(ctx: Model, status: str) -> tuple[str, str, list[str]]:
     job = ctx.job
     if status == "completed" and job.traced and _recorded_nothing(ctx):
-        why = next((h.meta["untraced"] for h in ctx.inputs.hosts if (h.meta or {}).get("untraced")), None)
+        why = next((str(u) for h in ctx.inputs.hosts if (u := (h.meta or {}).get("untraced"))), None)
         return ("no_hang", "The job exited with status 0, but no process of it was traced"
                 + (f" ({why.split(', so ranktrace')[0]})" if why else " (ranktrace never loaded into it)")
                 + ": nothing is known about its collectives.",
