@@ -136,6 +136,7 @@ def prepare_run_dir(opts: RunOptions) -> tuple[Path, Path]:
                               "directory (ranktrace never overwrites anything)")
         if run_dir.exists() and any(run_dir.iterdir()):
             raise LaunchError(f"output directory {run_dir} exists and is not empty; ranktrace never overwrites a trace")
+        _check_owner(run_dir)
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         base = opts.base_dir / f"{stamp}-{_safe(opts.name or _default_name(opts.command))}"
@@ -177,6 +178,22 @@ def _fill_host_dir(host_dir: Path) -> None:
     probe.unlink()
 
 
+def _check_owner(run_dir: Path) -> None:
+    """An existing output folder must be the user's own: another user's (empty) folder is theirs to read, swap or
+    fill with links while the job writes stacks and command lines into it. LaunchError otherwise."""
+    try:
+        st = os.lstat(run_dir)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise LaunchError(f"output directory {run_dir}: {e.strerror or e}") from e
+    if stat.S_ISLNK(st.st_mode):
+        raise LaunchError(f"output directory {run_dir} is a symbolic link: give -o the folder itself")
+    if st.st_uid != os.geteuid():
+        raise LaunchError(f"output directory {run_dir} belongs to another user (uid {st.st_uid}): give -o a folder "
+                          "of your own (ranktrace writes stacks and command lines there)")
+
+
 def owner_only_dir(path: Path) -> None:
     """Make `path` (and its missing parents) and chmod it 0700: whatever lands inside (rings, dumps, meta.json,
     the verdict) is readable by its owner alone, at any umask. The parents keep their usual mode."""
@@ -188,6 +205,7 @@ def _prepare_shared_run_dir(opts: RunOptions, rid: runid.RunId) -> tuple[Path, P
     """``<run>/<host>/`` of a run that spans hosts: the run dir is joined (made by whichever node comes first), this
     host's directory claimed in it; the same checks as a run of its own, and nothing of another host touched."""
     first = opts.out if opts.out is not None else opts.base_dir / rid.dir_name
+    _check_owner(first)
     _check_room(first, first)
     try:
         run_dir, host_dir = runid.claim_run_dir(first, runid.host_dir_name(opts.host_label, os.environ), rid,
@@ -196,7 +214,10 @@ def _prepare_shared_run_dir(opts: RunOptions, rid: runid.RunId) -> tuple[Path, P
         raise LaunchError(str(e)) from None
     except OSError as e:
         raise LaunchError(f"output directory {first}: {e.strerror or e}") from e
+    _check_owner(run_dir)
     try:
+        if os.stat(run_dir).st_uid == os.geteuid():
+            os.chmod(run_dir, 0o700)  # the job's nodes run as its user: nobody else needs in (at any umask)
         owner_only_dir(host_dir)  # the run folder is shared by the job's nodes; what each host writes is private
         _fill_host_dir(host_dir)
     except OSError as e:
