@@ -250,3 +250,21 @@ def test_scenario_fr_nccl_not_completed() -> None:
         assert last_seq(res) == 42
         done42 = [c for c in kind_rows(res, "complete") if c["seq"] == 42]
         assert bool(done42) == (r != 3)
+
+
+def test_a_byte_that_is_not_utf8_never_drops_a_json_dump(gloo: Path, tmp_path: Path) -> None:
+    """One damaged byte inside rank 3's JSON dump (issue #31: the whole dump was dropped, and the verdict then blamed
+    another rank): every entry is still read, the byte is counted as skipped, and rank 3 is still the one behind."""
+    from ranktrace.analyzers import api
+
+    data = (gloo / "fr_gloo_rank3.json").read_bytes()
+    at = data.index(b'"thread_name":"python"') + 16  # inside a string: valid JSON, no longer UTF-8
+    damaged = tmp_path / "fr_gloo_rank3.json"
+    damaged.write_bytes(data[:at] + b"\xff" + data[at + 1:])
+    res = fr.read(damaged)
+    assert last_seq(res) == last_seq(fr.read(gloo / "fr_gloo_rank3.json"))
+    assert any("not UTF-8" in s.reason for s in res.skipped)
+    paths = [gloo / f"fr_gloo_rank{r}.json" for r in range(3)] + [damaged]
+    clean = api.analyze([gloo / f"fr_gloo_rank{r}.json" for r in range(4)], liveness=None).verdict
+    v = api.analyze(paths, liveness=None).verdict
+    assert (v.kind, v.culprit_ranks) == (clean.kind, clean.culprit_ranks) and 3 in v.culprit_ranks, v.summary

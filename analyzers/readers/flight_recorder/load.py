@@ -119,7 +119,14 @@ def load_dump(path: Path, data: bytes) -> tuple[dict[str, Any], list[Skipped], s
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ReaderError(path, "binary data that is neither a pickle nor UTF-8 JSON") from exc
+        if data.lstrip(b" \t\r\n")[:1] != b"{":
+            raise ReaderError(path, "binary data that is neither a pickle nor UTF-8 JSON") from exc
+        # a JSON dump with a few bytes that are not UTF-8 (a frame name cut mid-character, a copy that damaged a
+        # byte): every entry is still read, the bad bytes shown as U+FFFD and counted — never the whole dump lost
+        text = data.decode("utf-8", errors="replace")
+        bad = text.count("\ufffd") - data.count("\ufffd".encode())
+        skipped.append(Skipped(f, None, f"{bad} byte(s) that are not UTF-8 shown as \ufffd (at offset {exc.start} "
+                                        "first)"))
     stripped = text.lstrip()
     if not stripped.startswith("{"):
         raise ReaderError(path, "not a Flight Recorder dump (expected a pickle or a JSON object)")
