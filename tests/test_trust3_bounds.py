@@ -108,7 +108,7 @@ def test_a_tar_of_too_many_members_stops_at_the_member_bound(tmp_path: Path, mon
     assert "rank0.log" in _used(a)
 
 
-UNPACK_AND_WAIT = ("import sys, time\nfrom pathlib import Path\nfrom ranktrace.analyzers import archives\n"
+UNPACK_AND_WAIT = ("import sys, time\nfrom pathlib import Path\nfrom ranktrace.analyzers.inputs import archives\n"
                    "(p,) = archives.expand([Path(sys.argv[1])])\nprint(p, flush=True)\ntime.sleep(60)")
 
 

@@ -467,12 +467,20 @@ class _Job:
             self.killed.append(time.monotonic())
             if self.stopped_ns is None:  # what ranks record from here on is the kill's doing
                 self.stopped_ns = time.time_ns()
-            self.log("--on-hang kill: terminating the job")
-            self.end_job(signal.SIGTERM)
+            self.log("--on-hang kill: " + self._said(self.end_job(signal.SIGTERM), "SIGTERM"))
         elif self.killed and len(self.killed) == 1 and time.monotonic() - self.killed[0] > 5.0:
             self.killed.append(time.monotonic())
-            self.log("the job ignored SIGTERM for 5 s: SIGKILL")
-            self.end_job(signal.SIGKILL)
+            self.log("the job ignored SIGTERM for 5 s: " + self._said(self.end_job(signal.SIGKILL), "SIGKILL"))
+
+    @staticmethod
+    def _said(sent: int, sig: str) -> str:
+        """What the signal reached, as it is: a kill that reached nothing is never said to have ended the job."""
+        if sent < 0:
+            return f"{sig} sent to the job's process group (/proc shows none of its processes here)"
+        if sent > 0:
+            return f"{sig} sent to {sent} process{'es' if sent != 1 else ''} of the job"
+        return (f"no process of the job could be sent {sig} (/proc unreadable here, or every process already "
+                "gone): the job was not ended by ranktrace")
 
     def job_pids(self) -> list[int]:
         """The job's live processes: its process group and every process of this run that wrote a ring (torchrun
@@ -480,14 +488,24 @@ class _Job:
         ours = {self.guardian.proc.pid} if self.guardian is not None else set()
         return [p for p in job_processes(self.pgid, self.host_dir, self.started_s) if p not in ours]
 
-    def end_job(self, sig: int) -> None:
+    def end_job(self, sig: int) -> int:
         """--on-hang kill: `sig` to every process of the job (never to what it is not: each one's identity is
-        checked and it is signalled through a pidfd, guardian.job_targets)."""
+        checked and it is signalled through a pidfd, guardian.job_targets); how many it reached. Where /proc shows
+        none (hidepid), the job's own process group — our child's, which we have not reaped, so its id is not
+        reused — is signalled instead (-1)."""
         ours = {self.guardian.proc.pid} if self.guardian is not None else set()
+        sent = 0
         for t in job_targets(self.pgid, self.host_dir, self.started_s):
-            if t.pid not in ours:
-                t.signal(sig)
+            if t.pid not in ours and t.signal(sig):
+                sent += 1
             t.close()
+        if sent == 0:
+            try:
+                os.killpg(self.pgid, sig)
+                return -1
+            except (ProcessLookupError, PermissionError):
+                pass
+        return sent
 
     def close_monitor(self) -> None:
         m, self.mon = self.mon, None
