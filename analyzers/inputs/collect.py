@@ -180,11 +180,28 @@ def _walk(root: Path, skipped: list[Skipped]) -> list[Path]:
     def unreadable(e: OSError) -> None:
         skipped.append(Skipped(str(e.filename or root), None, f"cannot read folder: {e.strerror or e}"))
 
+    try:
+        inside = os.path.realpath(root)
+    except (OSError, ValueError):
+        inside = str(root)
     for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        out.extend(Path(dirpath) / f for f in sorted(filenames)
-                   if not f.startswith(".") and f not in _OWN_FILES and not f.upper().startswith("README"))
+        for f in sorted(filenames):
+            if f.startswith(".") or f in _OWN_FILES or f.upper().startswith("README"):
+                continue
+            path = Path(dirpath) / f
+            if os.path.islink(path) and not _within(os.path.realpath(path), inside):
+                # a link out of the folder given (to another user's file, /etc/shadow, a device): its target was not
+                # among the inputs, so it is not read — and nothing of it can reach a report
+                skipped.append(Skipped(str(path), None, f"a link out of {root} (to {os.path.realpath(path)}): not "
+                                                        "followed; give that file itself to read it"))
+                continue
+            out.append(path)
     return out
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def _head(f: Path) -> bytes:
@@ -353,12 +370,40 @@ def _read_host_dir(hd: Path, results: list[ReadResult], skipped: list[Skipped], 
     for sub in ("dumps", "nccl", "logs"):
         if _isdir(hd / sub):
             files.extend(_walk(hd / sub, skipped))
+    files.extend(_beside_own(hd, skipped))
     _read_host_nsys(hd, results, skipped)
     out_log = hd / "output.log"
     if out_log.is_file() and out_log.stat().st_size:  # the job's own output, kept by trace run (server-log phases)
         files.append(out_log)
     ended = bool(meta and meta.get("exit"))
     return HostRun(hd, meta, ended)
+
+
+# what a host dir of ours holds besides the files in _OWN_FILES: read as ours by read_host_dir, never as logs
+_HOST_ENTRIES = {"rings", "samples", "dumps", "nccl", "logs", "nsys", "nsys-rep", "agents", "output.log",
+                 "events.index.arrow", "profile.json"}
+
+
+def _beside_own(hd: Path, skipped: list[Skipped]) -> list[Path]:
+    """Files a person put beside our own records (a folder copied off a node with its rings, the job's logs next to
+    them): read like any folder's, so a rings/ subfolder never hides the logs beside it."""
+    try:
+        names = sorted(os.listdir(hd))
+    except OSError:
+        return []
+    out: list[Path] = []
+    for name in names:
+        if name.startswith(".") or name in _OWN_FILES or name in _HOST_ENTRIES or name.upper().startswith("README"):
+            continue
+        p = hd / name
+        if _isdir(p):
+            out.extend(_walk(p, skipped))
+        elif os.path.islink(p) and not _within(os.path.realpath(p), os.path.realpath(hd)):
+            skipped.append(Skipped(str(p), None, f"a link out of {hd} (to {os.path.realpath(p)}): not followed; give "
+                                                 "that file itself to read it"))
+        elif not name.endswith((".ring", ".sock")):
+            out.append(p)
+    return out
 
 
 def _read_host_nsys(hd: Path, results: list[ReadResult], skipped: list[Skipped]) -> None:
