@@ -67,8 +67,10 @@ def start(host_dir: Path | str, rank_of: Callable[[], int | None], capture_gate:
         return False
     t = threading.Thread(target=_serve, args=(srv, rank_of, capture_gate), name=THREAD_NAME, daemon=True)
     t.start()
-    # a forked child (a DataLoader worker) has no agent thread: it must not keep the listening socket open either
-    os.register_at_fork(after_in_child=lambda: (srv.close(), _close_inherited()))
+    # a forked child (a DataLoader worker) has no agent thread: it must not keep the listening socket open either —
+    # unless the fd number is no longer ours (the job closed every fd and opened its own file there before forking)
+    ident = _ident(srv)
+    os.register_at_fork(after_in_child=lambda: (_close_if_ours(srv, ident), _close_inherited()))
     import atexit
 
     atexit.register(_remove, path, pid)
@@ -83,15 +85,34 @@ def _remove(path: Path, pid: int) -> None:
             pass
 
 
-_serving: list[socket.socket] = []  # the connection being answered now (closed in a child forked meanwhile)
+# the connection being answered now, with its fd's identity (closed in a child forked meanwhile, if still ours)
+_serving: list[tuple[socket.socket, tuple[int, int] | None]] = []
+
+
+def _ident(sock: socket.socket) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of the socket's fd: what says, after a fork, that the fd number still holds our socket."""
+    try:
+        st = os.fstat(sock.fileno())
+        return st.st_dev, st.st_ino
+    except (OSError, ValueError):
+        return None
+
+
+def _close_if_ours(sock: socket.socket, ident: tuple[int, int] | None) -> None:
+    """Close `sock` in a forked child only while its fd is still the socket we made; otherwise the job reused the
+    number (os.closerange then open) and the fd is the job's own file: let it go without closing it."""
+    try:
+        if ident is not None and _ident(sock) == ident:
+            sock.close()
+        else:
+            sock.detach()  # forget the number, never close it: it is the job's now
+    except OSError:
+        pass
 
 
 def _close_inherited() -> None:
-    for conn in _serving:
-        try:
-            conn.close()
-        except OSError:
-            pass
+    for conn, ident in _serving:
+        _close_if_ours(conn, ident)
     _serving.clear()
 
 
@@ -101,7 +122,7 @@ def _serve(srv: socket.socket, rank_of: Callable[[], int | None], capture_gate: 
             conn, _ = srv.accept()
         except OSError:
             return
-        _serving[:] = [conn]
+        _serving[:] = [(conn, _ident(conn))]
         try:
             with conn:
                 conn.settimeout(2.0)
