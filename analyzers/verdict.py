@@ -110,6 +110,10 @@ class RankState:
     roles: str | None = None  # what the framework calls this process: "DP1 TP3 EP3" (DP replica, attention TP, ...)
     exit: str | None = None   # how its process ended ("exit code 7"; "no exit record: ..."), once it did
     host: str | None = None   # the host it ran on, when the run spans hosts (left out of the JSON otherwise)
+    # what it is blocked on (analyzers/model/blocked.py): in_collective | lock_wait | stopped | in_kernel |
+    # waiting_on_process | busy | unknown, and the sentence; left out of the JSON where nothing says it
+    blocked: str | None = None
+    blocked_detail: str | None = None
 
 
 @dataclass(frozen=True)
@@ -242,6 +246,9 @@ def _rank_dict(s: RankState) -> dict[str, Any]:
     d = {**asdict(s), "stack": list(s.stack), "pids": list(s.pids)}
     if d["host"] is None:  # one host: the JSON as it was before runs spanned hosts
         del d["host"]
+    for key in ("blocked", "blocked_detail"):
+        if d[key] is None:  # no blocked-state facts: the JSON as it was before them
+            del d[key]
     return d
 
 

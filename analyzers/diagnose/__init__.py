@@ -8,6 +8,7 @@ from typing import Callable
 
 import pyarrow.compute as pc
 
+from ranktrace.analyzers.model import blocked
 from ranktrace.analyzers.model import hosts as hosts_mod
 from ranktrace.analyzers.model import hoststate
 from ranktrace.analyzers.model import stacks as stacks_mod
@@ -272,6 +273,7 @@ def _rank_table(ctx: Model, named: tuple[int, ...] = ()) -> dict[int, RankState]
 
     last_ops = {r: f"{op['name']} group={op['group']} seq={op['seq']}" for r, op in last_issued(ctx.ops).items()}
     out: dict[int, RankState] = {}
+    blocked_on = blocked.blocked_states(ctx)
     for r in sorted(ranks):
         o = opens.get(r)
         state = ctx.host_states.get(r)
@@ -300,6 +302,8 @@ def _rank_table(ctx: Model, named: tuple[int, ...] = ()) -> dict[int, RankState]
             innermost_open=(f"{o.name}" + (f" group={o.group} seq={o.seq}" if o.seq is not None else "")) if o else None,
             stack=tuple(stacks_mod.normalise_frame(f) for f in (hoststate.without_tracer(st.frames)[:12] if st else ())),
             last_op=last_ops.get(r), pids=ctx.rank_pids.get(r, ()), where=_where(st), host=ctx.rank_hosts.get(r),
+            blocked=blocked_on[r].state if r in blocked_on and state != "exited" else None,
+            blocked_detail=blocked_on[r].text() if r in blocked_on and state != "exited" else None,
         )
     return out
 

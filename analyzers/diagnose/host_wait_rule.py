@@ -4,6 +4,7 @@ Whatever its stack says, such a rank issues nothing, so it is the one the others
 from __future__ import annotations
 
 from ranktrace.analyzers.diagnose.candidate import Candidate, ranks_text, stack_evidence, where
+from ranktrace.analyzers.model import blocked
 from ranktrace.analyzers.model.build import Model
 from ranktrace.analyzers.verdict import Evidence, Finding, Operation
 
@@ -43,13 +44,8 @@ def cannot_run(ctx: Model) -> list[Candidate]:
                       next_steps=steps)]
 
 
-# frames of a process waiting for a file lock: torch's cpp_extension build lock (FileBaton polls for the lock file to
-# go away), the filelock library (Triton, FlashInfer, Hugging Face, DeepSpeed caches), fcntl / lockf
-_LOCK_FRAMES = ("FileBaton.wait (", "utils/file_baton.py", "filelock/_api.py", "filelock/_unix.py", "flock (",
-                "lockf (")
-# compilers and build drivers a JIT build runs (a live one means the build is progressing: not a hang)
-COMPILERS = frozenset({"nvcc", "cicc", "ptxas", "ninja", "cc1plus", "c++", "g++", "gcc", "clang", "clang++", "ld",
-                       "nvlink", "fatbinary", "cudafe++", "hipcc"})
+_LOCK_FRAMES = blocked.LOCK_FRAMES
+COMPILERS = blocked.COMPILERS
 
 
 def lock_wait(ctx: Model) -> list[Candidate]:
@@ -67,6 +63,9 @@ def lock_wait(ctx: Model) -> list[Candidate]:
                        and _recent_cpu(o["detail"])})
     if building:
         return []  # a compiler is at work behind the lock: a JIT build in progress, said as progress elsewhere
+    named = {r: b for r, b in blocked.blocked_states(ctx).items() if b.state == "lock_wait" and b.path}
+    if named:
+        return _named_lock(ctx, named, stacks)
     paths = sorted({o["name"] for o in waits if o["name"]})
     who = tuple(sorted(set(stacks) | {o["rank"] for o in waits if o["rank"] is not None}))
     what = (f"the file lock {paths[0]}" + (f" (and {len(paths) - 1} more)" if len(paths) > 1 else "") if paths
@@ -92,6 +91,41 @@ def lock_wait(ctx: Model) -> list[Candidate]:
     return [Candidate("blocked_outside_collective", summary, culprits=who, waiting=(),
                       operation=Operation(name="file_lock"),
                       findings=[Finding("blocked_outside_collective", summary, who, 0.7, tuple(ev))],
+                      next_steps=steps)]
+
+
+def _named_lock(ctx: Model, named: dict[int, blocked.Blocked], stacks: dict) -> list[Candidate]:
+    """The watchdog's /proc samples named the lock (wait_probe): its path, its age, who holds it and whether anything
+    builds. A live holder that builds is progress (no candidate); a stale lock or an idle holder is the hang."""
+    if any(b.building for b in named.values()):
+        return []
+    who = tuple(sorted(named))
+    first = named[who[0]]
+    path = first.path or "?"  # named only holds ranks whose lock has a path
+    paths = sorted({b.path for b in named.values() if b.path})
+    also = f" (and {len(paths) - 1} more)" if len(paths) > 1 else ""
+    inside = ("in " + blocked.lock_frame(ctx.stacks[who[0]].frames).split(" (")[0] + " " if who[0] in stacks else "")
+    verb = "waits" if len(who) == 1 else "wait"
+    age = f" (age {blocked.age_text(first.age_s)})" if first.age_s is not None else ""
+    if first.holder is not None and first.holder_alive:
+        summary = (f"{ranks_text(who)} {verb} {inside}for the file lock {path}{also}, held by pid {first.holder},"
+                   " which is alive but builds nothing: that process is what they wait for. No collective is involved")
+        steps = [f"See what pid {first.holder} does (`py-spy dump --pid {first.holder}`, `cat /proc/{first.holder}/"
+                 "wchan`); ending it releases the lock."]
+    else:
+        dead = f", held by pid {first.holder} which is gone" if first.holder is not None else ""
+        summary = (f"{ranks_text(who)} {verb} {inside}for the file lock {path}{age}{also}{dead}: no live process "
+                   "holds it or builds, and no compiler is running — a stale lock, left by a start killed while it held "
+                   "it. No collective is involved")
+        steps = [f"Remove the stale lock: `rm {path}` (check first that `fuser {path}` shows no holder and no "
+                 f"nvcc/ninja runs), or clear that build's cache folder ({path.rsplit('/', 1)[0]}), then restart."]
+    steps.append("Keep JIT and autotune caches on a local disk (TORCH_EXTENSIONS_DIR, TRITON_CACHE_DIR, FLASHINFER's "
+                 "cache dir), not on an NFS home directory.")
+    ev = [e for r in who for e in named[r].evidence][:4]
+    ev += [stack_evidence(ctx.stacks[r], ctx.host_states.get(r, "blocked_other")) for r in who if r in ctx.stacks][:4]
+    return [Candidate("blocked_outside_collective", summary, culprits=who, waiting=(),
+                      operation=Operation(name="file_lock"),
+                      findings=[Finding("blocked_outside_collective", summary, who, 0.8, tuple(ev))],
                       next_steps=steps)]
 
 

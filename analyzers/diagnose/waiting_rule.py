@@ -143,7 +143,9 @@ def waiting(ctx: Model) -> list[Candidate]:
         cycle_notes = [n for n in cycle_notes if n.kind != "wait_cycle"]
     culprit_where = []
     from ranktrace.analyzers.diagnose.serving_rule import STEP_TEXT, open_step
+    from ranktrace.analyzers.model.blocked import HOST_WAITS, blocked_states
 
+    host_wait = {r: b for r, b in blocked_states(ctx).items() if r in culprit_set and b.state in HOST_WAITS}
     for r in sorted(culprit_set):
         w = where(ctx.stacks.get(r))
         st = ctx.host_states.get(r)
@@ -153,7 +155,8 @@ def waiting(ctx: Model) -> list[Candidate]:
             how = ctx.rank_exits.get(r)
             culprit_where.append(f"{ranks_text([r])} exited" + (f" ({how})" if how else ""))
         elif w:
-            culprit_where.append(f"{ranks_text([r])} is{inside} in {w}" + (f" ({st})" if st else ""))
+            culprit_where.append(f"{ranks_text([r])} is{inside} in {w}" + (
+                f", {host_wait[r].detail}" if r in host_wait else f" ({st})" if st else ""))
         elif inside:
             culprit_where.append(f"{ranks_text([r])} is{inside}")
         else:
@@ -190,6 +193,7 @@ def waiting(ctx: Model) -> list[Candidate]:
         last = _last_issued(ctx, r, ref.chan)
         if last is not None:
             evidence.append(last)
+        evidence.extend(host_wait[r].evidence[:1] if r in host_wait else ())
     evidence.extend(exit_ev)
     findings = [Finding(kind, summary, tuple(sorted(culprit_set)), confidence, tuple(evidence))] + cycle_notes
     if unobserved:

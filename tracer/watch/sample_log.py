@@ -22,7 +22,7 @@ def _schema(name: str, fields: list[tuple[str, pa.DataType]]) -> pa.Schema:
 
 PROC_SCHEMA = _schema("proc", [
     ("wall_ns", pa.int64()), ("t_ns", pa.int64()),         # sample time: wall clock, CLOCK_MONOTONIC
-    ("kind", pa.string()),                                  # process | thread
+    ("kind", pa.string()),                                  # process | thread | wait | lock | child
     ("pid", pa.int64()), ("tid", pa.int64()),               # tid null on process rows
     ("rank", pa.int32()),
     ("comm", pa.string()),                                  # process comm / thread name (/proc/.../comm)
@@ -34,6 +34,11 @@ PROC_SCHEMA = _schema("proc", [
     ("rss_bytes", pa.int64()), ("vms_bytes", pa.int64()),   # process rows
     ("rchar", pa.int64()), ("wchar", pa.int64()),           # process rows (/proc/PID/io; null when unreadable)
     ("read_bytes", pa.int64()), ("write_bytes", pa.int64()),
+    # host-side waits (tracer/watch/wait_probe.py; rows of kind wait | lock | child, null on the others):
+    ("ppid", pa.int64()),                                   # child rows: its parent
+    ("path", pa.string()),                                  # wait: fd target (pipe:[ino], a path); lock: the file
+    ("peer_pid", pa.int64()),                               # wait: first writer / holder; lock: first holder
+    ("detail", pa.string()),                                # k=v facts (syscall=, peers=, mtime_ns=, cmd= last)
 ])
 
 STACKS_SCHEMA = _schema("stacks", [

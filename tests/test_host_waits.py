@@ -1,0 +1,160 @@
+"""Host-side waits named (issue #29): what a rank that sits at 0% CPU waits for, from the watchdog's /proc samples.
+
+Real processes throughout: a lock file left by a process SIGKILLed while it held torch's FileBaton, a flock another
+live process holds, a pipe whose only writer never writes. The sampler's facts (tracer/watch/wait_probe.py, rows in
+samples/proc.arrows) are checked as a person would check them by hand (`fuser`, `/proc/locks`, `ls -l`), then whole
+2- and 3-rank gloo jobs under `trace run` must get a verdict that names the lock, its age, its holder, the pipe."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pyarrow.ipc as ipc
+
+from tests.helpers import PY, REPO, SCRIPTS, TRACE, kill_group, trace_env
+
+_HOLD = ("import fcntl, sys, time\nf = open(sys.argv[1], 'w')\nfcntl.flock(f, fcntl.LOCK_EX)\nprint('held', "
+         "flush=True)\ntime.sleep(120)\n")
+_KILLED_BUILD = ("import os, sys, time\nfrom torch.utils.file_baton import FileBaton\n"
+                 "assert FileBaton(sys.argv[1]).try_acquire()\nprint('building', flush=True)\ntime.sleep(120)\n")
+
+
+def _stale_lock(ext_root: Path, name: str = "fused_op") -> Path:
+    """A cpp_extension build lock left the way it happens: a start that took torch's FileBaton was SIGKILLed."""
+    (ext_root / name).mkdir(parents=True)
+    lock = ext_root / name / "lock"
+    p = subprocess.Popen([PY, "-c", _KILLED_BUILD, str(lock)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "building"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert lock.exists()
+    return lock
+
+
+def _holder(path: Path) -> subprocess.Popen:
+    p = subprocess.Popen([PY, "-c", _HOLD, str(path)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "held"
+    return p
+
+
+def test_the_sampler_names_the_lock_its_holder_and_the_pipe_writer(tmp_path: Path) -> None:
+    from ranktrace.analyzers.readers import ranktrace_samples
+    from ranktrace.tracer.watch.proc_sampler import ProcSampler
+    from ranktrace.tracer.watch.sample_log import PROC_SCHEMA, ArrowStreamLog
+
+    exts = tmp_path / "torch_extensions"
+    stale = _stale_lock(exts)
+    held = tmp_path / "cache.lock"
+    held.touch()
+    holder = _holder(held)
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(exts))
+    procs = [subprocess.Popen([PY, "-c", f"import fcntl\nfcntl.flock(open({str(held)!r}, 'w'), fcntl.LOCK_EX)"]),
+             subprocess.Popen([PY, "-c", "import subprocess\np = subprocess.Popen(['sleep', '60'], "
+                                         "stdout=subprocess.PIPE)\np.stdout.read()"]),
+             subprocess.Popen([PY, "-c", "import os, time\nwhile os.path.exists(os.environ['TORCH_EXTENSIONS_DIR'] + "
+                                         "'/fused_op/lock'):\n    time.sleep(0.1)"], env=env)]
+    try:
+        time.sleep(1.0)
+        log = ArrowStreamLog(tmp_path / "samples" / "proc.arrows", PROC_SCHEMA)
+        sampler = ProcSampler(log, probe_every_s=0.3)
+        ranks = {p.pid: i for i, p in enumerate(procs)}
+        spent = []
+        for _ in range(4):
+            t0 = time.perf_counter()
+            sampler.sample(list(ranks), ranks)
+            spent.append(time.perf_counter() - t0)
+            time.sleep(0.4)
+        log.close()
+        rows = ipc.open_stream(open(tmp_path / "samples" / "proc.arrows", "rb")).read_all().to_pylist()
+        obs = ranktrace_samples.read(tmp_path / "samples" / "proc.arrows").observations.to_pylist()
+    finally:
+        for p in (*procs, holder):
+            p.kill()
+            p.wait()
+    assert max(spent) < 0.5, spent           # a round has a time limit: the watchdog is never held up
+    waits = {r["rank"]: r for r in rows if r["kind"] == "wait"}
+    assert waits[0]["path"] == str(held) and waits[0]["peer_pid"] == holder.pid, waits[0]   # /proc/locks' holder
+    assert "syscall=flock" in waits[0]["detail"]
+    sleep = next(r for r in rows if r["kind"] == "child" and r["rank"] == 1)
+    assert sleep["comm"] == "sleep" and sleep["ppid"] == procs[1].pid
+    assert waits[1]["path"].startswith("pipe:[") and waits[1]["peer_pid"] == sleep["pid"]   # the pipe's writer
+    lock = next(o for o in obs if o["kind"] == "lock_file" and o["rank"] == 2)
+    assert lock["name"] == str(stale) and "holders=- " in lock["detail"] and "openers=- " in lock["detail"]
+    assert lock["value"] >= 0 and abs(lock["value"] - (time.time() - stale.stat().st_mtime)) < 10   # its age, s
+
+
+def test_a_process_whose_proc_files_vanish_or_cannot_be_read_is_said_not_raised() -> None:
+    from ranktrace.tracer.watch import wait_probe
+
+    gone = subprocess.Popen([PY, "-c", "pass"])
+    gone.wait()
+    index = wait_probe.ProcIndex(wait_probe.Deadline(0.2))
+    w = wait_probe.wait_fact(gone.pid, "S", index)
+    assert w.syscall is None and "unreadable" in w.note
+    assert wait_probe.lock_facts(gone.pid, index, {})[1].startswith("its environment is unreadable")
+    spent = wait_probe.Deadline(0.0)
+    assert not spent.left("x") and spent.missed == {"x"}
+    cut = wait_probe.ProcIndex(spent)
+    assert cut.procs() == {} and "time limit" in cut.note()    # nothing read past the time limit, and it says so
+
+
+def _run(tmp_path: Path, what: str, **env: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+    run = tmp_path / "run"
+    res = subprocess.run(TRACE + ["run", "-o", str(run), "--hang-after", "6", "--startup-hang-after", "6",
+                                  "--on-hang", "kill", "--", PY, str(SCRIPTS / "host_wait_job.py"), what],
+                         capture_output=True, text=True, timeout=150, env=trace_env(**env), stdin=subprocess.DEVNULL,
+                         cwd=REPO)
+    return res, json.loads((run / "verdict.json").read_text())
+
+
+def test_ranks_waiting_on_a_stale_jit_build_lock_get_its_path_age_and_no_holder(tmp_path: Path) -> None:
+    exts = tmp_path / "torch_extensions"
+    lock = _stale_lock(exts)
+    src = tmp_path / "fused_op.cpp"
+    src.write_text("int fused_op() { return 1; }\n")
+    res, v = _run(tmp_path, "baton", TORCH_EXTENSIONS_DIR=str(exts), HOST_WAIT_SRC=str(src))
+    assert res.returncode == 3, res.stderr[-3000:]
+    assert (v["status"], v["kind"], v["operation"]["name"]) == ("hang", "blocked_outside_collective", "file_lock")
+    assert v["culprit_ranks"] == [0, 1], v["summary"]
+    assert str(lock) in v["summary"] and "age " in v["summary"], v["summary"]
+    assert "no live process holds it or builds" in v["summary"] and "stale lock" in v["summary"]
+    assert any(f"rm {lock}" in s for s in v["next_steps"]), v["next_steps"]
+    for r in ("0", "1"):
+        assert v["ranks"][r]["blocked"] == "lock_wait", v["ranks"][r]
+        assert str(lock) in v["ranks"][r]["blocked_detail"] and "stale" in v["ranks"][r]["blocked_detail"]
+    assert str(lock) in res.stderr   # what trace run printed says it too
+
+
+def test_ranks_in_flock_reading_a_silent_pipe_or_starved_of_the_gil_are_named_with_what_they_wait_for(tmp_path: Path) -> None:
+    held = tmp_path / "shared.lock"
+    held.touch()
+    holder = _holder(held)
+    try:
+        res, v = _run(tmp_path, "other", HOST_WAIT_LOCK=str(held))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert res.returncode == 3, res.stderr[-3000:]
+    assert v["status"] == "hang" and v["culprit_ranks"] == [1, 2, 3] and v["waiting_ranks"] == [0], v["summary"]
+    r0, r1, r2, r3 = (v["ranks"][k] for k in ("0", "1", "2", "3"))
+    assert r0["blocked"] == "in_collective", r0
+    assert r1["blocked"] == "lock_wait" and f"held by pid {holder.pid}" in r1["blocked_detail"], r1
+    assert str(held) in r1["blocked_detail"] and "alive" in r1["blocked_detail"]
+    assert r2["blocked"] == "waiting_on_process" and "pipe" in r2["blocked_detail"], r2
+    assert "(sleep" in r2["blocked_detail"] and "writes nothing" in r2["blocked_detail"]
+    assert r3["blocked"] == "lock_wait" and "waits for the GIL" in r3["blocked_detail"], r3
+    assert "thread native_holder holds the GIL while blocked in native code" in r3["blocked_detail"]
+    assert f"held by pid {holder.pid}" in v["summary"] and "writes nothing" in v["summary"]   # the headline says it
+
+
+def test_verdicts_written_before_blocked_states_still_load() -> None:
+    from ranktrace.analyzers.verdict import Verdict
+
+    old = {"schema": "ranktrace.verdict/1", "status": "hang", "kind": "missing_ranks", "summary": "s",
+           "ranks": {"0": {"state": "in_collective", "stack": [], "pids": [7]}}}
+    v = Verdict.from_dict(old)
+    assert v.ranks[0].blocked is None and "blocked" not in v.to_dict()["ranks"]["0"]
