@@ -35,7 +35,7 @@ from ranktrace.tracer.launch import envplan
 from ranktrace.tracer.launch import hostinfo
 from ranktrace.tracer.launch import meta
 from ranktrace.tracer.launch import nsys
-from ranktrace.tracer.launch import output_log
+from ranktrace.tracer.launch import output_log, stdfds
 from ranktrace.tracer.launch import profiles
 from ranktrace.tracer.launch import runid
 from ranktrace.tracer.launch import sysfacts
@@ -264,6 +264,7 @@ def launch(
 
     The steps: check and prepare (``_prepare``: nothing starts on a usage error) -> start the job (``_start``) ->
     watch it until it exits (``_Job``, ``_supervise``) -> record its exit in meta.json (``_record_exit``)."""
+    closed = stdfds.hold_closed_std_fds()  # before anything opens a file: a closed stdout stays closed in the job
     run_dir, host_dir, plan = _prepare(opts)
     machine = sysfacts.start(host_dir)   # topology, P2P, IOMMU/ACS for trace compare, in the background
     # live status line (stderr on a TTY only); our own lines and reports erase it first
@@ -279,7 +280,7 @@ def launch(
         log(untraced)
         meta.update_meta(host_dir, untraced=untraced)
     ns, command = nsys.start(host_dir, opts.command, opts.nsys_args, log) if opts.nsys else (None, opts.command)
-    output = output_log.OutputLog(host_dir, log)  # the job's output also kept in <host>/output.log, where harmless
+    output = output_log.OutputLog(host_dir, log, closed=closed)  # the job's output kept too, where harmless
     proc = _start(command, plan.env, **output.popen_kwargs())
     guardian = Guardian.start(proc.pid, host_dir, command, log)
     output.start(proc)

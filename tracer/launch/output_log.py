@@ -42,10 +42,13 @@ class OutputLog:
     """Decides which of our streams are kept, gives Popen its arguments, and copies until the job's pipes close."""
 
     def __init__(self, host_dir: Path, log: Callable[[str], None],
-                 streams: tuple[IO[Any], IO[Any]] | None = None, cap: int = CAP) -> None:
+                 streams: tuple[IO[Any], IO[Any]] | None = None, cap: int = CAP,
+                 closed: frozenset[int] = frozenset()) -> None:
+        """`closed`: which of fds 1 and 2 trace run was started without (stdfds): those stay closed in the job."""
         self.path = host_dir / FILE_NAME
         self.ours = streams or (sys.stdout, sys.stderr)
-        self.keep = [not _is_tty(s) and not _is_devnull(s) for s in self.ours]
+        self.keep = [fd not in closed and not _is_tty(s) and not _is_devnull(s)
+                     for fd, s in zip((1, 2), self.ours)]
         self.threads: list[threading.Thread] = []
         self.lock = threading.Lock()
         self.file: IO[bytes] | None = None
