@@ -208,6 +208,10 @@ def child_main() -> int:
 
 # ------------------------------------------------------------------------------------------------ the parent
 
+# a folder whose empty sitecustomize shadows the user's in this helper (tracer/watch/_quiet_site)
+QUIET_SITE = str(Path(__file__).resolve().parent / "_quiet_site")
+
+
 class GpuSampler:
     """Parent side: start the child, request samples, collect answers without ever blocking the caller.
 
@@ -217,7 +221,8 @@ class GpuSampler:
     def __init__(self, *, log: Callable[[str], None], timeout_s: float = 10.0,
                  command: list[str] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.log, self.timeout_s, self.clock = log, timeout_s, clock
-        self.command = command or [sys.executable, "-m", "ranktrace.tracer.watch.gpu_sampler"]
+        # -s: no user site (nor its usercustomize); QUIET_SITE first on the path: no sitecustomize of the user's
+        self.command = command or [sys.executable, "-s", "-m", "ranktrace.tracer.watch.gpu_sampler"]
         self.proc: subprocess.Popen[bytes] | None = None
         self.hello: dict[str, Any] | None = None
         self.off: str | None = None            # why sampling is off (said once)
@@ -230,7 +235,7 @@ class GpuSampler:
             return
         root = str(Path(__file__).resolve().parents[1])
         env = dict(os.environ)
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["PYTHONPATH"] = os.pathsep.join([QUIET_SITE, root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         try:
             self.proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=subprocess.DEVNULL, env=env, preexec_fn=_die_with_parent)
