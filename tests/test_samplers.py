@@ -47,7 +47,7 @@ class TtyRun:
 @pytest.fixture(scope="module")
 def straggler(tmp_path_factory: pytest.TempPathFactory) -> TtyRun:
     run_dir = tmp_path_factory.mktemp("samplers") / "run"
-    env = trace_env(RANKTRACE_STACK_EVERY="1", RANKTRACE_FLUSH_EVERY="1")
+    env = trace_env(RANKTRACE_STACK_EVERY="1", RANKTRACE_FLUSH_EVERY="1", TERM="xterm")
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 200, 0, 0))
     t0 = time.monotonic()
@@ -154,9 +154,10 @@ def test_a_waiting_rank_stack_stops_changing_while_a_computing_rank_changes(stra
     assert {r["trigger"] for r in rows} <= {"periodic", "quiet", "burst"}
 
 
-def test_status_line_is_drawn_in_place_on_a_tty_and_cleared_before_our_lines(straggler: TtyRun):
+def test_status_line_is_drawn_on_the_bottom_row_of_a_tty_and_released_at_the_end(straggler: TtyRun):
     tty = straggler.tty
-    draws = re.findall(r"\r\x1b\[K(\[ranktrace\] [^\r\n]*)\r", tty)
+    draws = re.findall(r"\x1b7\x1b\[40;1H\x1b\[2K\x1b\[0m(\[ranktrace\] [ -~]*)\x1b8", tty)
+    assert tty.count("\x1b[1;39r") == 1 and tty.rindex("\x1b[r") > tty.rindex("\x1b[40;1H\x1b[2K\x1b[0m")
     assert len(draws) >= 5, tty[-2000:]
     assert len(draws) <= straggler.elapsed + 2  # at most one redraw a second
     assert any("4/4 ranks alive" in d for d in draws), draws[-5:]
@@ -319,19 +320,28 @@ def test_ring_tail_skips_a_slot_the_writer_is_inside(tmp_path: Path, monkeypatch
 def test_status_line_rate_and_format():
     from ranktrace.tracer.watch.statusline import StatusLine, compact_group, format_status
 
-    class Tty(io.StringIO):
-        def isatty(self) -> bool:
-            return True
-
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    stream = open(slave, "w")
     now = [100.0]
-    s = StatusLine(Tty(), clock=lambda: now[0])
+    s = StatusLine(stream, clock=lambda: now[0], enabled=True)
     s.update(lambda w: "one")
     now[0] += 0.5
     s.update(lambda w: "two")   # too soon: not drawn
     now[0] += 0.6
-    s.update(lambda w: "three")
+    s.update(lambda w: f"three {w}")
     s.clear()
-    assert s.stream.getvalue() == "\r\x1b[Kone\r\r\x1b[Kthree\r\r\x1b[K"
+    stream.close()
+    got = b""
+    while select.select([master], [], [], 0.2)[0]:
+        try:
+            got += os.read(master, 4096)
+        except OSError:
+            break
+    os.close(master)
+    reserve, draw = "\x1bD\x1b[1A\x1b7\x1b[1;23r\x1b8", "\x1b7\x1b[24;1H\x1b[2K\x1b[0m"
+    release = "\x1b7\x1b[24;1H\x1b[2K\x1b[r\x1b8"
+    assert got.decode() == f"{reserve}{draw}one\x1b8{draw}three 79\x1b8{release}"
     quiet = StatusLine(io.StringIO())
     quiet.update(lambda w: "x")
     quiet.clear()

@@ -26,7 +26,10 @@ import pytest
 from tests.helpers import EXAMPLE, PY, REPO, TRACE, count_colour, host_dir, kill_group, png_rgb, trace_env
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-STATUS_DRAW = re.compile(r"\r\x1b\[K(\[ranktrace\] [^\r\n]*)\r(?!\n)")  # a draw, not one of our lines
+# the status line's own writes on the terminal's bottom row (tracer/watch/statusline.region_sequences): its draws
+# (the text captured), the first draw's reservation of the row and the release at the end
+STATUS_DRAW = re.compile(r"(?:\x1bD\x1b\[1A\x1b7\x1b\[1;\d+r\x1b8)?\x1b7\x1b\[\d+;1H\x1b\[2K\x1b\[0m(\[ranktrace\] [ -~]*)\x1b8"
+                         r"|\x1b7\x1b\[\d+;1H\x1b\[2K\x1b\[r\x1b8")
 COLS = 80
 
 
