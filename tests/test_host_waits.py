@@ -129,6 +129,52 @@ def test_ranks_waiting_on_a_stale_jit_build_lock_get_its_path_age_and_no_holder(
     assert str(lock) in res.stderr   # what trace run printed says it too
 
 
+_LIVE_BUILD = ("import os, subprocess, sys\nfrom torch.utils.file_baton import FileBaton\n"
+               "assert FileBaton(sys.argv[1]).try_acquire()\nprint('building', flush=True)\n"
+               "subprocess.run(['ninja', '-C', sys.argv[2], '-j1'], stdout=subprocess.DEVNULL)\n")
+
+
+def test_ranks_waiting_on_a_lock_whose_live_owner_compiles_get_no_alarm(tmp_path: Path) -> None:
+    """The same wait, but the start that holds the lock is alive and building (ninja running the compiler one object
+    after another, as cpp_extension does): progress, however long it takes — no hang, nobody blamed."""
+    exts = tmp_path / "torch_extensions"
+    (exts / "fused_op").mkdir(parents=True)
+    lock = exts / "fused_op" / "lock"
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / "build.ninja").write_text("rule cxx\n  command = c++ -O2 -c $in -o $out\n" + "".join(
+        f"build o{i}.o: cxx s{i}.cc\n" for i in range(400)))
+    for i in range(400):
+        (build / f"s{i}.cc").write_text(f"#include <vector>\nint f{i}() {{ std::vector<int> v({i}); return v.size(); }}\n")
+    owner = subprocess.Popen([PY, "-c", _LIVE_BUILD, str(lock), str(build)], stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    src = tmp_path / "fused_op.cpp"
+    src.write_text("int fused_op() { return 1; }\n")
+    run = tmp_path / "run"
+    job = subprocess.Popen(TRACE + ["run", "-o", str(run), "--hang-after", "6", "--startup-hang-after", "6", "--on-hang",
+                                    "report", "--", PY, str(SCRIPTS / "host_wait_job.py"), "baton"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                           env=trace_env(TORCH_EXTENSIONS_DIR=str(exts), HOST_WAIT_SRC=str(src)),
+                           stdin=subprocess.DEVNULL, cwd=REPO)
+    try:
+        assert owner.stdout is not None and owner.stdout.readline().strip() == "building"
+        deadline = time.time() + 90
+        while not (run / "verdict.json").exists() and time.time() < deadline and job.poll() is None:
+            time.sleep(0.5)
+        v = json.loads((run / "verdict.json").read_text())
+    finally:
+        kill_group(job)
+        kill_group(owner)
+        job.wait()
+        owner.wait()
+    assert v["status"] != "hang" and v["culprit_ranks"] == [], v["summary"]
+    note = next(f for f in v["findings"] if f["kind"] == "lock_held_by_build")
+    assert str(lock) in note["summary"] and f"pid {owner.pid}" in note["summary"] and "not a hang" in note["summary"]
+    for r in ("0", "1"):
+        assert v["ranks"][r]["blocked"] == "lock_wait" and "ninja (pid" in v["ranks"][r]["blocked_detail"]
+        assert "builds: progress" in v["ranks"][r]["blocked_detail"]
+
+
 def test_ranks_in_flock_reading_a_silent_pipe_or_starved_of_the_gil_are_named_with_what_they_wait_for(tmp_path: Path) -> None:
     held = tmp_path / "shared.lock"
     held.touch()

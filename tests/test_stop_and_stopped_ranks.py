@@ -77,4 +77,6 @@ def test_a_rank_stopped_with_sigstop_is_named_live_as_the_culprit(tmp_path: Path
     v = json.loads((run / "verdict.json").read_text())
     assert v["status"] == "hang" and v["culprit_ranks"] == [1], v["summary"]
     assert v["ranks"]["1"]["state"] == "stopped", v["ranks"]["1"]
+    assert v["ranks"]["1"]["blocked"] == "stopped" and "at least" in v["ranks"]["1"]["blocked_detail"]  # since when
+    assert " s at least)" in v["summary"]
     assert "stopped" in v["summary"] and "rank 0" in v["summary"].lower()

@@ -6,6 +6,7 @@ for the wait-for graph to see.
 from __future__ import annotations
 
 from ranktrace.analyzers.diagnose.candidate import Candidate, ranks_text, stack_evidence, where
+from ranktrace.analyzers.model.blocked import blocked_states
 from ranktrace.analyzers.model.build import Model
 from ranktrace.analyzers.verdict import Finding, Operation
 
@@ -13,7 +14,9 @@ __all__ = ["blocked_outside"]
 
 
 def blocked_outside(ctx: Model) -> list[Candidate]:
-    blocked = sorted(r for r, st in ctx.host_states.items() if st == "blocked_other")
+    building = {r for r, b in blocked_states(ctx).items() if b.state == "lock_wait" and b.building}
+    # a rank waiting for a lock that a live build holds waits for progress (host_wait_rule.lock_wait): no culprit
+    blocked = sorted(r for r, st in ctx.host_states.items() if st == "blocked_other" and r not in building)
     # a rank waiting for work (idle_loop) beside a blocked one waits for what that one never sends: it is no culprit;
     # only when every rank is idle are the idle ones what the sentence is about
     blocked = blocked or sorted(r for r, st in ctx.host_states.items() if st == "idle_loop")

@@ -25,6 +25,9 @@ def cannot_run(ctx: Model) -> list[Candidate]:
     how = _HOW[next(iter(kind_of))] if len(kind_of) == 1 else "cannot run (stopped or in uninterruptible sleep)"
     places = "; ".join(f"rank {r} in {where(ctx.stacks[r])}" for r in waiting if r in ctx.stacks and where(
         ctx.stacks[r]))
+    on = blocked.blocked_states(ctx)
+    since = [b.detail.rsplit(", for ", 1)[1] for r in culprits if (b := on.get(r)) and ", for " in b.detail]
+    how += f" (for {since[0]})" if since else ""
     summary = (f"{ranks_text(culprits)} {how}" + (f"; {ranks_text(waiting)} "
                                                  f"{'waits' if len(waiting) == 1 else 'wait'} for it"
                                                  + (f" ({places})" if places else "") if waiting else ""))
@@ -96,9 +99,14 @@ def lock_wait(ctx: Model) -> list[Candidate]:
 
 def _named_lock(ctx: Model, named: dict[int, blocked.Blocked], stacks: dict) -> list[Candidate]:
     """The watchdog's /proc samples named the lock (wait_probe): its path, its age, who holds it and whether anything
-    builds. A live holder that builds is progress (no candidate); a stale lock or an idle holder is the hang."""
+    builds. A live holder that builds is progress (a finding, never a verdict); a stale lock or an idle holder is the
+    hang."""
     if any(b.building for b in named.values()):
-        return []
+        build = tuple(sorted(r for r, b in named.items() if b.building))
+        said = f"{ranks_text(build)}: {named[build[0]].detail}"
+        note = f"{said}: a JIT build in progress, however long it takes — not a hang"
+        ev = tuple(e for r in build for e in named[r].evidence)[:4]
+        return [Candidate("no_hang", note, primary=False, findings=[Finding("lock_held_by_build", note, (), 0.7, ev)])]
     who = tuple(sorted(named))
     first = named[who[0]]
     path = first.path or "?"  # named only holds ranks whose lock has a path

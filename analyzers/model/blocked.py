@@ -258,7 +258,7 @@ def _lock(ctx: "Model", facts: _Facts, r: int, pids: tuple[int, ...], st: Any, w
     for o in locks:
         holders = _holders(field(o["detail"], "holders")) + _holders(field(o["detail"], "openers"))
         live = [h for h in holders if h[2] and h[0] not in pids]
-        builders = _holders(field(o["detail"], "builders"))
+        builders = sorted(_holders(field(o["detail"], "builders")), key=lambda h: (h[1] != "ninja", h[0]))  # driver
         age = (o["value"] or 0) + max(0, (as_of - (o["wall_ns"] or as_of)) // 1_000_000_000)
         rows.append((bool(live or builders), -age, o, live, builders, age))
     rows.sort(key=lambda x: (x[0], x[1]))  # a lock nobody holds first, the oldest of those
@@ -270,8 +270,9 @@ def _lock(ctx: "Model", facts: _Facts, r: int, pids: tuple[int, ...], st: Any, w
     if live:
         pid, comm, _alive = live[0]
         building = builders or busy_kids
+        who = (", ".join(f"{c} (pid {p})" for p, c, _a in builders[:2]) or ", ".join(k for k, _m, _o in busy_kids[:2]))
         return Blocked("lock_wait", f"waits in {frame} for the lock file {path} (age {age_text(age)}), held open by "
-                       f"pid {pid} ({comm}, alive)" + (", which is building: progress" if building else
+                       f"pid {pid} ({comm}, alive)" + (f" while {who} builds: progress" if building else
                                                        ", and no compiler runs")
                        + more, since, path, pid, True, age_s=age, building=bool(building), evidence=ev)
     if builders or busy_kids:
