@@ -22,9 +22,10 @@ REPLICA = REPO / "examples" / "replica"
 
 
 def serve(tmp_path: Path, *server: str, hang_after: str = "5", extra: tuple[str, ...] = (),
-          timeout: float = 240) -> tuple:
+          timeout: float = 240, jit_dir: bool = False) -> tuple:
     run = tmp_path / "r"
-    env = trace_env(PYTHONPATH=os.pathsep.join([str(REPLICA), str(REPO)]))
+    env = trace_env(PYTHONPATH=os.pathsep.join([str(REPLICA), str(REPO)]),
+                    **({"TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_extensions")} if jit_dir else {}))
     t0 = time.monotonic()
     res = run_trace(["run", "-o", str(run), "--hang-after", hang_after, "--on-hang", "kill", *extra, "--", PY, "-m",
                      "sglang.launch_server", "--tp", "4", *server], env=env, timeout=timeout)
@@ -43,6 +44,7 @@ SCENARIOS: dict[str, tuple[tuple[str, ...], dict]] = {
     "comm-init": (("--fault", "comm-init"), {}),
     "die": (("--fault", "die", "--fault-rank", "2"), {"hang_after": "30"}),
     "nojoin": (("--fault", "nojoin", "--fault-rank", "3"), {}),
+    "stale-jit-lock": (("--fault", "stale-jit-lock"), {"jit_dir": True}),
 }
 
 
@@ -173,3 +175,19 @@ def test_a_healthy_start_up_with_a_30_s_jit_build_is_not_a_hang(served):
     problems = {p["target"] for p in meta(run)["hook_problems"]}
     assert "profile sglang: sglang.srt.managers.scheduler:Scheduler.event_loop_overlap" in problems
     assert res.stderr.count("Scheduler.event_loop_overlap") == 1
+
+
+def test_a_stale_jit_build_lock_left_by_a_killed_start_is_named_with_no_hook(served):
+    """Issue #29's seed cause: a start killed mid-build left torch's cpp_extension lock; every rank of the next start
+    waits for it in FileBaton.wait at 0% CPU. Named from the watchdog's /proc samples alone: the path, its age, that
+    no live process holds it or builds, and how to clear it."""
+    res, v, run, _ = scenario(served, "stale-jit-lock")
+    assert res.returncode == 3, res.stderr[-3000:]
+    lock = run.parent / "torch_extensions" / "sampling_kernels" / "lock"
+    assert (v["status"], v["kind"], v["operation"]["name"]) == ("hang", "blocked_outside_collective", "file_lock")
+    assert v["culprit_ranks"] == [0, 1, 2, 3], v["summary"]
+    assert str(lock) in v["summary"] and "(age " in v["summary"] and "no live process holds it or builds" in v["summary"]
+    assert any(f"rm {lock}" in s for s in v["next_steps"])
+    assert all(v["ranks"][str(r)]["blocked"] == "lock_wait" and v["ranks"][str(r)]["phase"] == "kernel_warmup"
+               for r in range(4)), v["ranks"]
+    assert "Loading JIT ops" in next(run.glob("*/output.log")).read_text()

@@ -5,7 +5,7 @@ import argparse
 from dataclasses import dataclass
 
 FAULTS = ("none", "capture-stall", "enqueued-ar", "register-one", "register-all", "draft-sync", "comm-init", "die",
-          "nojoin")
+          "nojoin", "stale-jit-lock")
 
 
 @dataclass

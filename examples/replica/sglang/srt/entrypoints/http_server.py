@@ -22,6 +22,10 @@ def launch_server(server_args: ServerArgs) -> int:
     configure_logger("")
     logger.info(f"server_args=ServerArgs(tp_size={server_args.tp_size}, pp_size=1, fault={server_args.fault!r})")
     mp.set_start_method("spawn", force=True)
+    if server_args.fault == "stale-jit-lock":  # an earlier start was killed while it built the JIT kernels
+        import replica_jit
+
+        logger.info(f"(fault) a killed start left the JIT build lock {replica_jit.plant_stale_lock()}")
     nccl_port = server_args.port or _free_port()
     procs, readers, senders = [], [], []
     for tp_rank in range(server_args.tp_size):

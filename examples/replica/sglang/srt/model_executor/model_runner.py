@@ -53,7 +53,14 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         logger.info("Load weight end. type=ReplicaForCausalLM, dtype=torch.float32, avail mem=62.50 GB")
 
     def kernel_warmup(self) -> None:
-        """FlashInfer / sgl-kernel JIT: a child process compiles (CPU-busy) while this rank waits for it."""
+        """FlashInfer / sgl-kernel JIT: a child process compiles (CPU-busy) while this rank waits for it; with the
+        stale-jit-lock fault, torch's cpp_extension finds the build lock a killed start left and waits for it."""
+        if self.server_args.fault == "stale-jit-lock":
+            import replica_jit
+            from torch.utils import cpp_extension
+
+            logger.info(f"Loading JIT ops: {replica_jit.NAME} (torch cpp_extension)")
+            cpp_extension.load(replica_jit.NAME, sources=[replica_jit.source()])
         if self.server_args.jit_seconds > 0:
             logger.info(f"JIT compiling the sampling kernels (ninja), {self.server_args.jit_seconds:.0f} s")
             subprocess.run([sys.executable, "-c", JIT_BUILD, str(self.server_args.jit_seconds)], check=True,
