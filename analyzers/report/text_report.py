@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ranktrace.analyzers.report.evidence import evidence_lines
 from ranktrace.analyzers.report.ledger import ledger_text
 from ranktrace.analyzers.report.words import plain, shown_findings, state_text
 from ranktrace.analyzers.verdict import InputSummary, RankState, Verdict, compact_ranks, operation_text
@@ -188,12 +189,12 @@ def render(verdict: Verdict, width: int | None = 120, color: bool = False) -> st
         con.print(Text("evidence:", style="bold"))
         for f in findings:
             con.print(f"- [{f.kind}] {plain(f.summary)} (confidence {f.confidence:.1f})", markup=False)
-            for e in f.evidence[:6]:
-                where = e.file or e.source
-                if e.line is not None:
-                    where += f":{e.line}"
-                rank = f"rank {e.rank}: " if e.rank is not None else ""
-                con.print(f"    {rank}{plain(e.detail)} [{e.source} {where}]", markup=False)
+            shown, left = evidence_lines(f, v.culprit_ranks)
+            for ln in shown:
+                con.print("    " + plain(ln.text()), markup=False)
+            if left:
+                con.print(f"    ... and {left} more evidence line{'s' if left != 1 else ''} "
+                          f"(verdict.json has every one)", markup=False)
     if v.next_steps:
         con.print(Text("next steps:", style="bold"))
         for s in v.next_steps:
