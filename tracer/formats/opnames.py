@@ -6,6 +6,7 @@ engine compares names across ranks, so every reader maps to the canonical torch.
 """
 from __future__ import annotations
 
+import functools
 import re
 
 __all__ = ["canonical_op", "P2P_OPS", "COLLECTIVE_OPS"]
@@ -38,6 +39,7 @@ _ALIASES = {
 }
 
 
+@functools.lru_cache(maxsize=8192)  # a few dozen spellings, each asked once per op of a trace
 def canonical_op(raw: str) -> str:
     """Map any source's op spelling to the torch.distributed function name.
 

@@ -4,6 +4,7 @@ columns (group, ranks, backend, dtype, size, peer) — the part that changes whe
 from __future__ import annotations
 
 import ast
+import functools
 import bisect
 import math
 from collections import defaultdict
@@ -207,12 +208,21 @@ def to_int(v: Any) -> int | None:
 
 def _int_list(v: Any) -> list[int] | None:
     if isinstance(v, str):
-        try:
-            v = ast.literal_eval(v.strip())
-        except (ValueError, SyntaxError):
-            return None
+        got = _int_list_text(v)  # every op of a group repeats its ranks string: parsed once
+        return list(got) if got is not None else None
     if isinstance(v, (list, tuple)) and all(to_int(x) is not None for x in v):
         return [int(x) for x in v]
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _int_list_text(v: str) -> tuple[int, ...] | None:
+    try:
+        parsed = ast.literal_eval(v.strip())
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if isinstance(parsed, (list, tuple)) and all(to_int(x) is not None for x in parsed):
+        return tuple(int(x) for x in parsed)
     return None
 
 
