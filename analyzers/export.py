@@ -5,7 +5,8 @@ Tables (:data:`TABLES`), each from one Analysis plus the run's sample files:
 * ``ops`` — the analyzer's ops table (analyzers.timeline.OPS): one row per (rank, channel, seq) with
   issued / returned / errored / completed;
 * ``spans`` — one row per call, its enter paired with its exit or error: start, end, ``duration_ns``, ``outcome``
-  (returned | error | open), ``completed`` (analyzers.report.spans.span_table);
+  (returned | error | open), ``completed`` (analyzers.report.spans.span_table), ``open``: the call never returned
+  and its ``duration_ns`` runs until the end of the trace (:func:`open_until_end`);
 * ``stacks`` — the stack rows the analysis used (hang-time dumps, the latest samples), frames innermost first;
 * ``samples_stacks`` — every sampled thread stack of ``samples/stacks.arrows`` (the sample rows with their frames);
 * ``samples_proc``, ``samples_gpu`` — ``samples/proc.arrows`` and ``gpu.arrows`` as written (one row per process /
@@ -26,10 +27,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ranktrace.analyzers.model.values import Analysis
-from ranktrace.analyzers.report.spans import span_table
+from ranktrace.analyzers.report.spans import as_of, span_table
 
-__all__ = ["TABLES", "FORMATS", "NoDuckDB", "run_tables", "sample_tables", "write", "sql", "duckdb_module",
-           "table_text"]
+__all__ = ["TABLES", "FORMATS", "NoDuckDB", "run_tables", "open_until_end", "sample_tables", "write", "sql",
+           "duckdb_module", "table_text"]
 
 TABLES = ("ops", "spans", "stacks", "samples_stacks", "samples_proc", "samples_gpu", "phases", "events")
 FORMATS = ("parquet", "csv", "duckdb")
@@ -124,9 +125,26 @@ def _phases(events: pa.Table, spans: pa.Table) -> pa.Table:
     return pa.concat_tables([span_rows, mark_rows]).sort_by([("rank", "ascending"), ("start_wall_ns", "ascending")])
 
 
+def open_until_end(spans: pa.Table, end_wall_ns: int | None, end_t_ns: int | None) -> pa.Table:
+    """A call that never returned lasts until the end of the trace (the verdict's moment, spans.as_of): its
+    ``duration_ns`` counts until then, never NULL, and the ``open`` column says that it is still open (its
+    ``end_*`` columns stay NULL: it never ended)."""
+    is_open = pc.equal(spans["outcome"], "open")
+    dur = spans["duration_ns"]
+    if end_wall_ns is not None:
+        dur = pc.if_else(pc.and_(is_open, pc.is_valid(spans["start_wall_ns"])),
+                         pc.subtract(pa.scalar(end_wall_ns, pa.int64()), spans["start_wall_ns"]), dur)
+    if end_t_ns is not None:  # a reader's rows with a monotonic time only (one host's clock)
+        dur = pc.if_else(pc.and_(is_open, pc.is_null(dur)),
+                         pc.subtract(pa.scalar(end_t_ns, pa.int64()), spans["start_t_ns"]), dur)
+    dur = pc.max_element_wise(dur, 0, skip_nulls=False)  # a clock step back never makes it negative
+    out = spans.set_column(spans.schema.get_field_index("duration_ns"), "duration_ns", dur)
+    return out.append_column("open", pc.fill_null(is_open, False))
+
+
 def run_tables(analysis: Analysis) -> dict[str, pa.Table]:
     """Every table of :data:`TABLES` for one analysis."""
-    spans = span_table(analysis.events)
+    spans = open_until_end(span_table(analysis.events), as_of(analysis, "wall_ns"), as_of(analysis, "t_ns"))
     out = {"ops": analysis.ops, "spans": spans, "stacks": analysis.stacks}
     out.update(sample_tables(analysis))
     out["phases"] = _phases(analysis.events, spans)

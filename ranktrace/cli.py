@@ -122,11 +122,15 @@ class _RunCommand(click.Command):
 @click.option("--host-label", default=None,
               help="Name this host's directory (default hostname + boot id; env RANKTRACE_HOST): for several "
                    "trace run of one run on one machine.")
+@click.option("--keep-rings", is_flag=True,
+              help="Keep <host>/rings/ after the run (the raw per-process record files, ~9 MiB each). By default they "
+                   "are removed once events.arrow holds their records; a ring that could not be read, or whose "
+                   "process still runs, always stays.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll: bool, analyze: bool,
         hang_after: float, startup_hang_after: float, on_hang: str, native_stacks: bool, monitor: bool,
         hook_targets: tuple[str, ...], perfetto: Path | None, use_nsys: bool, nsys_args: str, profile: str | None,
-        run_id: str | None, host_label: str | None,
+        run_id: str | None, host_label: str | None, keep_rings: bool,
         command: tuple[str, ...]) -> None:
     """Run COMMAND with every rank traced: trace run [OPTIONS] -- CMD ARGS...
 
@@ -166,11 +170,11 @@ def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll
         _err(str(e))
         sys.exit(EXIT_USAGE)
     try:
-        fin = finalize.finalize_host_dir(outcome.host_dir)
+        fin = finalize.finalize_host_dir(outcome.host_dir, keep_rings=keep_rings)
         m = meta.read_meta(outcome.host_dir)
         versions = {**m.get("versions", {}), **fin["versions"]}
         meta.update_meta(outcome.host_dir, pids=fin["pids"], versions=versions, finalize_problems=fin["problems"],
-                         hook_problems=fin.get("hook_problems", []))
+                         hook_problems=fin.get("hook_problems", []), rings=fin["rings"])
     except Exception as e:  # the job's status must come through whatever happens to us
         _err(f"could not finalize the trace in {outcome.host_dir}: {type(e).__name__}: {e}")
     presenter = outcome.presenter

@@ -69,7 +69,8 @@ def secret_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subproce
     run_dir = base / "run"
     old = os.umask(0o022)  # the usual default: without care, everything would be world-readable
     try:
-        res = subprocess.run(TRACE + ["run", "-o", str(run_dir), "--hang-after", "2", "--startup-hang-after", "60",
+        res = subprocess.run(TRACE + ["run", "--keep-rings", "-o", str(run_dir), "--hang-after", "2",
+                                      "--startup-hang-after", "60",
                                       "--", PY, str(job), *ARGV], capture_output=True, text=True,
                              env=trace_env(RANKTRACE_STACK_EVERY="1", **ENV), cwd=REPO, timeout=180,
                              stdin=subprocess.DEVNULL)

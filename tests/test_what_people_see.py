@@ -28,7 +28,8 @@ from tests.helpers import EXAMPLE, PY, REPO, TRACE, count_colour, host_dir, kill
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # the status line's own writes on the terminal's bottom row (tracer/watch/statusline.region_sequences): its draws
 # (the text captured), the first draw's reservation of the row and the release at the end
-STATUS_DRAW = re.compile(r"(?:\x1bD\x1b\[1A\x1b7\x1b\[1;\d+r\x1b8)?\x1b7\x1b\[\d+;1H\x1b\[2K\x1b\[0m(\[ranktrace\] [ -~]*)\x1b8"
+STATUS_DRAW = re.compile(r"(?:\x1bD\x1b\[1A\x1b7\x1b\[1;\d+r\x1b8)?"
+                         r"\x1b7\x1b\[\d+;1H\x1b\[2K\x1b\[0m(\[ranktrace\] [ -~]*)\x1b8"
                          r"|\x1b7\x1b\[\d+;1H\x1b\[2K\x1b\[r\x1b8")
 COLS = 80
 
@@ -373,6 +374,60 @@ def test_trace_export_parquet_duckdb_csv_and_sql(hung: HungRun, tmp_path: Path):
     res = subprocess.run(TRACE + ["export", str(hung.run_dir), "-o", str(tmp_path / "pq")], capture_output=True,
                          text=True, env=trace_env(), cwd=REPO)
     assert res.returncode == 2 and "not overwritten" in res.stderr
+
+
+def test_the_readmes_trace_sql_examples_give_the_hung_call_a_duration(hung: HungRun):
+    """Every `trace sql RUN "..."` of the README, run on the hung run: the all_reduce that never returned is there,
+    said to be open, with a duration until the end of the trace (>= the 5 s of silence), never NULL."""
+    pytest.importorskip("duckdb")
+    queries = [q for q in re.findall(r'`trace sql RUN "([^"`]+)"`', (REPO / "README.md").read_text())
+               if "..." not in q]  # the usage line's own "SELECT ..." is a placeholder
+    assert queries
+    for q in queries:
+        res = subprocess.run(TRACE + ["sql", str(hung.run_dir), "--csv", q], capture_output=True, text=True,
+                             env=trace_env(), cwd=REPO)
+        assert res.returncode == 0, (q, res.stderr)
+        import csv
+        import io
+
+        rows = list(csv.DictReader(io.StringIO(res.stdout)))
+        hung_rows = [r for r in rows if r.get("name") == "all_reduce" and r.get("seq") == "5"]
+        assert sorted(int(r["rank"]) for r in hung_rows) == [0, 1, 2], (q, rows)
+        for r in hung_rows:
+            assert r["open"] == "true", r
+            assert r["s"] not in ("", "NULL") and float(r["s"]) >= 5.0, r
+
+
+def test_the_run_folder_holds_what_the_analysis_reads_and_every_path_reads_it(hung: HungRun, tmp_path: Path):
+    """After finalize: events.arrow and its index, meta, verdict, report, samples, dumps; no rings (each was ~9 MiB
+    reserved), no agent socket though every rank was killed by a signal; the whole 4-rank folder <= 2 MB. analyze,
+    compare, export and snapshot read it as they read a folder with rings."""
+    hd = host_dir(hung.run_dir)
+    assert not (hd / "rings").exists() and not list(hung.run_dir.rglob("*.sock")) and not list(hd.glob("*.ring"))
+    for f in ("events.arrow", "events.index.arrow", "meta.json", "samples/stacks.arrow", "samples/proc.arrow"):
+        assert (hd / f).is_file(), f
+    assert (hung.run_dir / "verdict.json").is_file() and (hung.run_dir / "report.html").is_file()
+    size = sum(p.stat().st_blocks * 512 for p in hung.run_dir.rglob("*") if p.is_file())
+    rings = json.loads((hd / "meta.json").read_text())["rings"]
+    assert rings["removed"] >= 4 and rings["kept"] == [], rings   # the 4 ranks' rings (and the spawn parent's)
+    print(f"run folder: {size / 1e6:.2f} MB after finalize, {(size + rings['bytes_freed']) / 1e6:.1f} MB before")
+    assert size <= 2_000_000, size
+    res = subprocess.run(TRACE + ["analyze", "--json", str(hung.run_dir)], capture_output=True, text=True,
+                         env=trace_env(), cwd=REPO)
+    assert res.returncode == 3, res.stderr
+    v = json.loads(res.stdout)
+    assert (v["kind"], v["culprit_ranks"], v["operation"]["seq"]) == ("missing_ranks", [3], 5)
+    res = subprocess.run(TRACE + ["compare", "--json", str(hung.run_dir), str(hung.run_dir)], capture_output=True,
+                         text=True, env=trace_env(), cwd=REPO)
+    assert res.returncode in (0, 3), res.stderr
+    cmp = json.loads(res.stdout)
+    assert cmp["schema"] == "ranktrace.compare/1"
+    res = subprocess.run(TRACE + ["export", str(hung.run_dir), "-o", str(tmp_path / "x")], capture_output=True,
+                         text=True, env=trace_env(), cwd=REPO)
+    assert res.returncode == 0 and pq.read_table(tmp_path / "x" / "spans.parquet").num_rows > 20, res.stderr
+    res = subprocess.run(TRACE + ["snapshot", str(hung.run_dir)], capture_output=True, text=True, env=trace_env(),
+                         cwd=REPO)
+    assert res.returncode == 2 and "no live traced job here (finished" in res.stderr, res.stderr
 
 
 def test_trace_sql_without_duckdb_is_one_line_and_exit_2(hung: HungRun, tmp_path: Path):

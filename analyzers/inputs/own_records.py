@@ -10,6 +10,7 @@ read whole, exactly as before.
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,8 +68,9 @@ def rows_per_rank(host_dirs: list[Path]) -> int:
     procs = 0
     for hd in host_dirs:
         try:
-            procs += sum(1 for _ in (hd / "rings").glob("*.ring")) if (hd / "rings").is_dir() else 0
-        except OSError:
+            rings = sum(1 for _ in (hd / "rings").glob("*.ring")) if (hd / "rings").is_dir() else 0
+            procs += rings or len(json.loads((hd / "meta.json").read_text()).get("pids") or {})
+        except (OSError, ValueError, AttributeError):
             pass
     return max(MIN_ROWS, min(MAX_ROWS, ROW_BUDGET // max(1, procs)))
 

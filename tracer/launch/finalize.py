@@ -1,11 +1,17 @@
 """When the job ends: rings -> events.arrow, and the facts only the rings know (pid -> rank, versions) -> meta.json.
 
-Rings are kept (the raw record is the evidence); events.arrow is the analysis-ready
-copy. Finalizing is idempotent and never deletes anything the job or the user wrote.
+events.arrow (with its index) holds every record of every ring it was written from, so the rings are removed once
+it is in place (issue #27: each ring is reserved whole when it is made, ~9 MiB per process whatever the job
+recorded; a 4-rank run was 46 MB of rings for 49 KB of events). A ring stays where it is still the only copy: it
+could not be read (its records are not in events.arrow), or its writer is still alive (a process the job left
+running goes on recording). ``trace run --keep-rings`` keeps them all. Agent sockets of processes that are gone
+(exited, killed, zombies, or a pid taken since by another process) are removed. Finalizing is idempotent and never
+deletes anything the job or the user wrote.
 """
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -17,7 +23,8 @@ from ranktrace.tracer.formats import schema
 from ranktrace.analyzers.readers import ranktrace_ring
 from ranktrace.tracer.formats.ringreader import RingError, read_ring
 
-__all__ = ["finalize_host_dir", "EVENTS_SCHEMA_VERSION", "write_events", "seal_samples"]
+__all__ = ["finalize_host_dir", "EVENTS_SCHEMA_VERSION", "write_events", "seal_samples", "remove_rings",
+           "remove_stale_sockets"]
 
 EVENTS_SCHEMA_VERSION = "ranktrace.events/1"
 
@@ -134,29 +141,84 @@ def remove_stale_sockets(host_dir: Path) -> int:
         head = name.split(".")[0]
         if not (name.endswith(".sock") and head.isdigit()):
             continue
-        try:
-            os.kill(int(head), 0)
-            continue  # alive (or not ours to signal): keep
-        except ProcessLookupError:
-            pass
-        except PermissionError:
+        path = host_dir / "agents" / name
+        if _socket_owner_alive(int(head), path):
             continue
         try:
-            os.unlink(host_dir / "agents" / name)
+            os.unlink(path)
             removed += 1
         except OSError:
             pass
+    try:
+        (host_dir / "agents").rmdir()  # only when empty
+    except OSError:
+        pass
     return removed
 
 
-def finalize_host_dir(host_dir: Path) -> dict[str, Any]:
-    """Write events.arrow from every ring; return {'pids': {pid: {...}}, 'versions': {...}, 'problems': [...],
-    'hook_problems': [{'target', 'problem', 'ranks', 'pids'}]} (--hook targets that did not resolve, per job)."""
+def _socket_owner_alive(pid: int, sock: Path) -> bool:
+    """The process that made `sock` still runs: its pid is alive, not a zombie, and started before the socket was
+    made (a later start is another process that got the pid since)."""
+    from ranktrace.tracer.launch import pidident
+
+    st = pidident.stat(pid)
+    if st is None:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True  # alive but /proc hides it (hidepid): keep
+    if st.zombie:
+        return False
+    try:
+        made_wall = sock.lstat().st_mtime
+    except OSError:
+        return True
+    boot_wall = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    return st.start_s <= made_wall - boot_wall + pidident.SLACK_S
+
+
+def remove_rings(host_dir: Path, in_events: set[str]) -> tuple[int, int, list[str]]:
+    """Remove the rings whose records are all in events.arrow (`in_events`: their paths relative to `host_dir`)
+    and whose writer is gone: (rings removed, bytes freed, why each other ring stayed)."""
+    from ranktrace.tracer.launch import pidident
+
+    removed, freed, kept = 0, 0, []
+    for ring in sorted((host_dir / "rings").glob("*.ring")):
+        rel = str(ring.relative_to(host_dir))
+        if rel not in in_events:
+            kept.append(f"{rel} kept: its records could not be read into events.arrow")
+            continue
+        writer = pidident.ring_writer(ring)
+        if writer is not None and pidident.writer_matches(writer.pid, writer):
+            kept.append(f"{rel} kept: its process {writer.pid} still runs")
+            continue
+        try:
+            size = ring.stat().st_blocks * 512
+            ring.unlink()
+        except OSError as e:
+            kept.append(f"{rel} kept: {e.strerror or e}")
+            continue
+        removed, freed = removed + 1, freed + size
+    try:
+        (host_dir / "rings").rmdir()  # only when empty
+    except OSError:
+        pass
+    return removed, freed, kept
+
+
+def finalize_host_dir(host_dir: Path, keep_rings: bool = False) -> dict[str, Any]:
+    """Write events.arrow from every ring, then remove the rings it holds (unless `keep_rings`); return {'pids':
+    {pid: {...}}, 'versions': {...}, 'problems': [...], 'hook_problems': [{'target', 'problem', 'ranks', 'pids'}]
+    (--hook targets that did not resolve, per job), 'rings': {'removed', 'bytes_freed', 'kept'}}."""
     host = host_dir.name
     pids: dict[str, Any] = {}
     versions: dict[str, Any] = {}
     problems: list[str] = []
     hook_problems: dict[tuple[str, str], dict[str, Any]] = {}
+    converted: set[str] = set()
 
     def tables() -> Iterator[pa.Table]:  # one ring at a time: written as it is read
         for ring in sorted((host_dir / "rings").glob("*.ring")):
@@ -167,13 +229,20 @@ def finalize_host_dir(host_dir: Path) -> dict[str, Any]:
                 continue
             rel = str(ring.relative_to(host_dir))
             yield ranktrace_ring.ring_to_events(rc, host, rel, encoded=True)
+            converted.add(rel)  # its table was written (write_events takes each before asking for the next)
             _note_ring(rc, rel, pids, versions, problems, hook_problems)
 
     write_events(host_dir / "events.arrow", tables())
     problems.extend(seal_samples(host_dir))
     remove_stale_sockets(host_dir)
+    rings: dict[str, Any] = {"removed": 0, "bytes_freed": 0, "kept": "all (--keep-rings)" if keep_rings else []}
+    if not keep_rings:
+        n, freed, kept = remove_rings(host_dir, converted)
+        rings.update(removed=n, bytes_freed=freed, kept=kept)
     return {"pids": pids, "versions": versions, "problems": problems,
-            "hook_problems": [dict(v, ranks=sorted(v["ranks"]), pids=sorted(v["pids"])) for v in hook_problems.values()]}
+            "hook_problems": [dict(v, ranks=sorted(v["ranks"]), pids=sorted(v["pids"]))
+                              for v in hook_problems.values()],
+            "rings": rings}
 
 
 def _note_ring(rc: Any, rel: str, pids: dict[str, Any], versions: dict[str, Any], problems: list[str],
