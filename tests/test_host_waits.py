@@ -104,7 +104,7 @@ def test_a_process_whose_proc_files_vanish_or_cannot_be_read_is_said_not_raised(
 
 def _run(tmp_path: Path, what: str, **env: str) -> tuple[subprocess.CompletedProcess[str], dict]:
     run = tmp_path / "run"
-    res = subprocess.run(TRACE + ["run", "-o", str(run), "--hang-after", "6", "--startup-hang-after", "6",
+    res = subprocess.run(TRACE + ["run", "-o", str(run), "--hang-after", "5", "--startup-hang-after", "5",
                                   "--on-hang", "kill", "--", PY, str(SCRIPTS / "host_wait_job.py"), what],
                          capture_output=True, text=True, timeout=150, env=trace_env(**env), stdin=subprocess.DEVNULL,
                          cwd=REPO)
@@ -151,7 +151,7 @@ def test_ranks_waiting_on_a_lock_whose_live_owner_compiles_get_no_alarm(tmp_path
     src = tmp_path / "fused_op.cpp"
     src.write_text("int fused_op() { return 1; }\n")
     run = tmp_path / "run"
-    job = subprocess.Popen(TRACE + ["run", "-o", str(run), "--hang-after", "6", "--startup-hang-after", "6", "--on-hang",
+    job = subprocess.Popen(TRACE + ["run", "-o", str(run), "--hang-after", "5", "--startup-hang-after", "5", "--on-hang",
                                     "report", "--", PY, str(SCRIPTS / "host_wait_job.py"), "baton"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                            env=trace_env(TORCH_EXTENSIONS_DIR=str(exts), HOST_WAIT_SRC=str(src)),

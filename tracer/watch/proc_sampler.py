@@ -27,6 +27,7 @@ __all__ = ["ProcSampler", "ProcCounters", "THREAD_KEYFRAME_S", "PROBE_EVERY_S", 
 THREAD_KEYFRAME_S = 30.0
 PROBE_EVERY_S = 2.0     # host-wait probes (wait / lock / child rows): one round per this many seconds
 PROBE_BUDGET_S = 0.25   # a round's time limit: what it did not reach is said in the rows' detail (note=)
+FACTS_TTL_S = 10.0      # open-file map, lock-file lists reused this long (ages, /proc/locks, liveness: every round)
 _QUIET_SHARE = 0.25     # a process below this share of one core since the last round is probed for its wait
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -69,6 +70,11 @@ class ProcSampler:
         self._threads: dict[tuple[int, int], tuple[tuple[Any, ...], float]] = {}  # last written key, when
         self._facts: dict[tuple[str, int, str], tuple[tuple[Any, ...], float]] = {}  # (kind, pid, path): key, when
         self._last_probe = float("-inf")
+        # the costly reads of a round, kept for FACTS_TTL_S: every process's open files, the JIT caches' lock files
+        self._fd_map: tuple[float, int, dict[str, list[tuple[int, int]]]] | None = None  # monotonic s, wall ns, map
+        self._fd_map_cut = False
+        self._last_fd_scan = float("-inf")
+        self._roots: tuple[float, dict[str, list[str]]] = (float("-inf"), {})
         self._probe_cpu: dict[int, tuple[float, int]] = {}  # pid -> (when probed, CPU ticks then)
 
     def sample(self, pids: Iterable[int], ranks: dict[int, int | None] | None = None,
@@ -164,8 +170,13 @@ class ProcSampler:
                now: float) -> None:
         """One round of host-wait facts (wait_probe) under one time limit; rows only where something changed."""
         deadline = wait_probe.Deadline(PROBE_BUDGET_S)
-        index = wait_probe.ProcIndex(deadline)
-        roots_cache: dict[str, list[str]] = {}
+        fresh = self._fd_map is not None and now - self._fd_map[0] < FACTS_TTL_S
+        index = wait_probe.ProcIndex(deadline, self._fd_map[1:] if fresh and self._fd_map else None,
+                                     partial=fresh and self._fd_map_cut,
+                                     may_rescan=now - self._last_fd_scan >= FACTS_TTL_S / 2)
+        if now - self._roots[0] >= FACTS_TTL_S:
+            self._roots = (now, {})
+        roots_cache = self._roots[1]
         live: set[tuple[str, int, str]] = set()
         for pid, (state, cpu) in sorted(procs.items()):
             last = self._probe_cpu.get(pid)
@@ -198,6 +209,8 @@ class ProcSampler:
                                    "rank": ranks.get(c.root), "comm": c.comm, "state": c.state,
                                    "utime_ns": c.cpu_ticks * _TICK_NS, "peer_pid": c.root,
                                    "detail": f"root={c.root} cmd={c.cmd}"}, "")
+        if index.fds_read:  # kept even when cut short (said in the facts' note): a huge host is not read each round
+            self._fd_map, self._fd_map_cut, self._last_fd_scan = (now, index.fds_at, index.fd_holders()), index.cut, now
         for key in [k for k in self._facts if k not in live]:
             del self._facts[key]
         for pid in [p for p in self._probe_cpu if p not in procs]:

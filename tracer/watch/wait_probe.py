@@ -163,12 +163,18 @@ class ProcIndex:
     """One pass over /proc for a round, made only when a fact needs it: every process's comm and parent, and who has
     which of the wanted files open. Unreadable processes (another user's) are counted, not raised."""
 
-    def __init__(self, deadline: Deadline) -> None:
+    def __init__(self, deadline: Deadline, fds: tuple[int, dict[str, list[tuple[int, int]]]] | None = None, *,
+                 partial: bool = False, may_rescan: bool = True) -> None:
+        """`fds`: (when it was read, wall ns; the map) of an earlier round, reused (the costly part: a readlink per
+        descriptor of every process) except for what it cannot know (holders_of); who is alive is read afresh."""
         self.deadline = deadline
         self._procs: dict[int, tuple[str, int, str, int]] | None = None   # pid -> (comm, ppid, state, cpu ticks)
-        self._fds: dict[str, list[tuple[int, int]]] | None = None           # fd target -> [(pid, fd)]
+        self._fds: dict[str, list[tuple[int, int]]] | None = fds[1] if fds else None  # target -> [(pid, fd)]
+        self.fds_at = fds[0] if fds else time.time_ns()
+        self.fds_read = False                                               # this round read them afresh
         self.unreadable = 0
-        self.cut = False
+        self.cut = partial            # the reused map was itself cut by a time limit
+        self.may_rescan = may_rescan  # a reused map may be read again this round (the sampler rate-limits it)
 
     def procs(self) -> dict[int, tuple[str, int, str, int]]:
         if self._procs is None:
@@ -198,6 +204,7 @@ class ProcIndex:
         """fd target -> [(pid, fd)] for every readable process (the same user's; /proc hides the others' fds)."""
         if self._fds is None:
             self._fds = {}
+            self.fds_read, self.fds_at = True, time.time_ns()
             for pid in self.procs():
                 if not self.deadline.left("open files of every process"):
                     self.cut = True
@@ -212,6 +219,17 @@ class ProcIndex:
                     if t is not None and fd.isdigit():
                         self._fds.setdefault(t, []).append((pid, int(fd)))
         return self._fds
+
+    def holders_of(self, target: str, newer_than_ns: int | None = None) -> list[tuple[int, int]]:
+        """[(pid, fd)] with `target` open. A reused map is read again when it cannot know: a pipe or socket it has
+        not seen (made since), a file changed since it was read (`newer_than_ns`: a lock taken since)."""
+        got = self.fd_holders().get(target)
+        stale = not self.fds_read and self.may_rescan and ((got is None and not target.startswith("/")) or
+                                       (newer_than_ns is not None and newer_than_ns >= self.fds_at))
+        if stale:
+            self._fds = None
+            got = self.fd_holders().get(target)
+        return got or []
 
     def holder(self, pid: int) -> Holder:
         p = self.procs().get(pid)
@@ -359,7 +377,7 @@ def wait_fact(pid: int, state: str, index: ProcIndex) -> WaitFact:
                         note="" if holders else "/proc/locks shows no holder")
     if target.startswith("pipe:"):
         writers = []
-        for p, f in index.fd_holders().get(target, []):
+        for p, f in index.holders_of(target):
             flags = _fd_flags(p, f)
             if flags is not None and flags & 3 in (1, 2):  # O_WRONLY, O_RDWR: a write end
                 writers.append(p)
@@ -368,7 +386,7 @@ def wait_fact(pid: int, state: str, index: ProcIndex) -> WaitFact:
         return WaitFact(pid, pid, name, fd, target, peers, note=note)
     if target.startswith("socket:"):
         ino = int(target[8:-1]) if target[8:-1].isdigit() else -1
-        others = sorted({p for p, _f in index.fd_holders().get(target, []) if p != pid})
+        others = sorted({p for p, _f in index.holders_of(target) if p != pid})
         return WaitFact(pid, pid, name, fd, target, tuple(index.holder(p) for p in others),
                         remote=_tcp_remote(ino) if ino >= 0 else None, note=index.note())
     return WaitFact(pid, pid, name, fd, target)
@@ -438,12 +456,11 @@ def lock_facts(pid: int, index: ProcIndex, roots_cache: dict[str, list[str]]) ->
             continue
     stamped.sort(reverse=True)
     locks = _proc_locks()
-    fds = index.fd_holders()
     builders = index.builders()
     out = []
     for mtime, p in stamped[:_MAX_LOCKS]:
         holders, waiting = _locks_on(p, locks)
-        openers = sorted({q for q, _f in fds.get(p, [])})
+        openers = sorted({q for q, _f in index.holders_of(p, newer_than_ns=mtime)})
         out.append(LockFact(p, mtime, tuple(index.holder(q) for q in holders), tuple(waiting),
                             tuple(index.holder(q) for q in openers), builders,
                             note=index.note() or ("" if locks is not None else "/proc/locks unreadable")))
