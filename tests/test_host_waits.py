@@ -204,3 +204,25 @@ def test_verdicts_written_before_blocked_states_still_load() -> None:
            "ranks": {"0": {"state": "in_collective", "stack": [], "pids": [7]}}}
     v = Verdict.from_dict(old)
     assert v.ranks[0].blocked is None and "blocked" not in v.to_dict()["ranks"]["0"]
+
+
+def test_a_rank_in_uninterruptible_sleep_is_named_with_its_wchan_and_what_that_usually_means() -> None:
+    """A D state cannot be made on demand without a driver or root (the nvidia_uvm eviction deadlock of
+    NVIDIA/open-gpu-kernel-modules#1223 is one): the watchdog's /proc rows are given as it writes them."""
+    from ranktrace.analyzers.model.blocked import blocked_states
+    from tests.test_rule_units import IN_ALL_REDUCE, model, stack
+
+    def proc(rank: int, letter: str, wchan: str) -> dict:
+        return {"kind": "thread_state", "rank": rank, "pid": 100 + rank, "tid": 100 + rank, "name": letter,
+                "value": 5_000_000_000, "detail": f"comm=python wchan={wchan} cpu_ms=5000 cpu_ms_last_10s=0 "
+                f"since_ns={10**18}", "source": "proc", "file": "proc.arrows", "wall_ns": 10**18 + 90 * 10**9}
+
+    wedged = ("uvm_va_block_evict (nvidia_uvm.ko)", "forward (model.py:12)")
+    m = model(stacks=[stack(0, IN_ALL_REDUCE), stack(1, wedged)], world=2,
+              observations=[proc(0, "S", "futex_wait_queue"), proc(1, "D", "uvm_va_block_lock")])
+    b = blocked_states(m)
+    assert b[1].state == "in_kernel" and "wchan uvm_va_block_lock" in b[1].detail and "nvidia_uvm" in b[1].detail
+    assert "for 90 s at least" in b[1].detail
+    assert b[0].state == "in_collective" and "parked" in b[0].detail
+    bare = blocked_states(model(stacks=[stack(0, ("poll (selectors.py:1)", "main (app.py:3)"))], world=1))
+    assert bare[0].state == "unknown" and "no /proc samples" in bare[0].detail   # says what it lacked
