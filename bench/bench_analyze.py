@@ -41,6 +41,7 @@ import resource
 import shutil
 import signal
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -151,6 +152,13 @@ def _write_slots_numpy(rec: Any, total: int, pairs: int, tid: int, gids: list[in
     off = rec._ops_offset
     rec._buf[off:off + n * rf.SLOT_SIZE] = arr.tobytes()
     rec._next = iter(range(n, 1 << 62))
+    for k, gid in enumerate(gids):  # the tail index, as Recorder.op keeps it: each group's last enter and exit
+        mine = g == k
+        for kind, field in ((0, rf.TAIL_FIELD[0]), (1, rf.TAIL_FIELD[1])):
+            at = np.flatnonzero(mine & (is_exit == bool(kind)))
+            entry = rec.tail.entry(rf.tail_key(0, gid, rf.NONE_I32, nids[0], tid))
+            if at.size and entry >= 0:
+                struct.pack_into("<Q", rec._buf, entry + field, int(at[-1]) + 1)
 
 
 def _clock_run(rec: Any, n: int) -> Any:
@@ -284,7 +292,7 @@ def generate(run_dir: Path, ranks: int, hosts: int, events: int, writer: str, jo
     written, seconds)."""
     per_host = -(-ranks // hosts)
     pairs = events // 2  # the culprit writes pairs - 1 closed ops; every other rank one open enter more
-    slots = 1 << max(10, (events + 16).bit_length())
+    slots = max(1024, -(-(events + 16) // 32) * 32)  # sized to what a rank writes (a page holds 32 slots)
     culprit = ranks - 1 if culprit is None else culprit
     t0 = time.monotonic_ns()   # the job's shared clock base (numpy writer)
     started = 0
@@ -360,6 +368,47 @@ def _use_tree(root: Path) -> None:
     sys.meta_path.insert(0, Finder)
 
 
+def _io() -> dict[str, int]:
+    """This process's I/O counters (/proc/self/io: rchar, read_bytes), {} where the kernel does not show them."""
+    try:
+        with open("/proc/self/io") as f:
+            return {k: int(v) for k, v in (line.split(": ") for line in f) if k in ("rchar", "read_bytes")}
+    except (OSError, ValueError):
+        return {}
+
+
+def drop_caches() -> str | None:
+    """Drop the page cache (clean pages only: sync first), so the next read comes from the disk; why not, if not."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+        return None
+    except OSError as e:
+        return f"page cache not dropped ({e.strerror}): the first run may be warm"
+
+
+def window_bytes(path: Path, kept_rows: int) -> int:
+    """The bytes an analysis needs at least: every ring's header page and the meta region it uses, and a slot per
+    record kept (``kept_rows`` event rows: op records plus the meta region's events, so a slight over-count)."""
+    from ranktrace.tracer.formats import ringformat as rf
+
+    total = kept_rows * rf.SLOT_SIZE
+    for ring in path.glob("*/rings/*.ring"):
+        with open(ring, "rb") as f:
+            head = f.read(rf.HEADER_SIZE)
+            meta_size = rf.HEADER.unpack_from(head, 0)[5]
+            off = rf.META_OFFSET
+            while off + rf.META_REC.size <= rf.META_OFFSET + meta_size:
+                f.seek(off)
+                length = rf.META_REC.unpack(f.read(rf.META_REC.size))[0]
+                if length == 0:
+                    break
+                off += rf.META_REC.size + length
+        total += off
+    return total
+
+
 def child(args: argparse.Namespace) -> int:
     """Analyze `args.path` --repeat times in this (fresh) process; one JSON line per run on stdout."""
     t0 = time.perf_counter()
@@ -371,6 +420,7 @@ def child(args: argparse.Namespace) -> int:
 
     print(json.dumps({"import_s": time.perf_counter() - t0, "impl": api.__file__}), flush=True)
     for i in range(args.repeat):
+        io0 = _io()
         r0, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         if args.profile and i == 0:
             import cProfile
@@ -385,17 +435,21 @@ def child(args: argparse.Namespace) -> int:
             a = api.analyze([Path(args.path)], liveness=None)
         wall = time.perf_counter() - t1
         r1 = resource.getrusage(resource.RUSAGE_SELF)
+        io1 = _io()
         v = a.verdict
         print(json.dumps({"wall": wall, "cpu": r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime,
-                          "maxrss": r1.ru_maxrss * 1024, "status": v.status, "kind": v.kind,
+                          "maxrss": r1.ru_maxrss * 1024,
+                          **{k: io1[k] - io0.get(k, 0) for k in io1}, "status": v.status, "kind": v.kind,
                           "culprits": list(v.culprit_ranks), "waiting": len(v.waiting_ranks),
                           "summary": v.summary, "events": a.events.num_rows, "ops": a.ops.num_rows}), flush=True)
         del a, v
     return 0
 
 
-def measure(path: Path, repeat: int, impl: str | None, rss_cap: float, profile: bool) -> dict[str, Any]:
-    """One fresh child analyzing `path`: its JSON lines, or why it did not finish (killed above the RSS cap)."""
+def measure(path: Path, repeat: int, impl: str | None, rss_cap: float, profile: bool,
+            cold: bool = True) -> dict[str, Any]:
+    """One fresh child analyzing `path` (the page cache dropped first when `cold`): its JSON lines, or why it did
+    not finish (killed above the RSS cap)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--path", str(path), "--repeat", str(repeat)]
     if impl:
         cmd += ["--impl", impl]
@@ -406,6 +460,7 @@ def measure(path: Path, repeat: int, impl: str | None, rss_cap: float, profile: 
     def arm() -> None:
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
+    not_cold = drop_caches() if cold else "page cache kept (--no-cold)"
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, preexec_fn=arm, start_new_session=True)
     peak, killed = 0, None
     lines: list[str] = []
@@ -431,7 +486,7 @@ def measure(path: Path, repeat: int, impl: str | None, rss_cap: float, profile: 
     rows = [json.loads(x) for x in lines if x.startswith("{")]
     head = rows[0] if rows and "import_s" in rows[0] else {}
     runs = [r for r in rows if "wall" in r]
-    return {"import_s": head.get("import_s"), "runs": runs, "killed": killed or (
+    return {"import_s": head.get("import_s"), "runs": runs, "not_cold": not_cold, "killed": killed or (
         None if proc.returncode == 0 else f"exit status {proc.returncode}"), "polled_peak": peak}
 
 
@@ -446,7 +501,17 @@ def _rss(pid: int) -> int:
     return 0
 
 
-def _report(label: str, m: dict[str, Any], n: int, culprit: int, target_s: float, target_gib: float) -> bool:
+def _io_line(r: dict[str, Any], ranks: int, window: int) -> str:
+    if "rchar" not in r:
+        return "bytes read: /proc/self/io not readable"
+    return (f"read {r['rchar'] / 1e9:.2f} GB (rchar), {r.get('read_bytes', 0) / 1e9:.2f} GB from disk (read_bytes) = "
+            f"{r['rchar'] / ranks / 1e6:.2f} / {r.get('read_bytes', 0) / ranks / 1e6:.2f} MB a rank; "
+            f"{max(r['rchar'], r.get('read_bytes', 0)) / max(1, window):.2f} x the windows kept "
+            f"({window / 1e6:.1f} MB)")
+
+
+def _report(label: str, m: dict[str, Any], n: int, culprit: int, target_s: float, target_gib: float,
+            ranks: int = 1, path: Path | None = None) -> bool:
     runs = m["runs"]
     if not runs:
         print(f"  {label}: no result ({m['killed']}; peak seen {m['polled_peak'] / GIB:.2f} GiB)")
@@ -463,6 +528,10 @@ def _report(label: str, m: dict[str, Any], n: int, culprit: int, target_s: float
                  f"{statistics.median(r['cpu'] for r in warm):.2f} s CPU (runs "
                  f"{', '.join(format(r['wall'], '.2f') for r in runs)}), peak {runs[-1]['maxrss'] / GIB:.2f} GiB")
     print(line)
+    window = window_bytes(path, cold["events"]) if path is not None else 0
+    print(f"    cold {_io_line(cold, ranks, window)}" + (f" [{m['not_cold']}]" if m.get("not_cold") else ""))
+    if len(runs) > 1:
+        print(f"    warm {_io_line(runs[-1], ranks, window)}")
     print(f"    verdict: {cold['status']} {cold['kind']} culprit {cold['culprits']} ({cold['waiting']} waiting; "
           f"{cold['events']:,} event rows, {cold['ops']:,} op rows kept) -> {'ok' if good else 'WRONG'}")
     if m["killed"]:
@@ -487,6 +556,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", type=Path, default=None, help="write the trace dirs here and keep them")
     ap.add_argument("--reuse", type=Path, default=None, help="analyze the dirs a --keep run left there")
     ap.add_argument("--impl", action="append", default=[], help="also analyze with this source tree (repeatable)")
+    ap.add_argument("--cold", action=argparse.BooleanOptionalAction, default=True,
+                    help="drop the page cache before each analysing process (root)")
     ap.add_argument("--profile", action="store_true", help="cProfile of the first analysis, on stderr")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--path", default=None, help=argparse.SUPPRESS)
@@ -537,11 +608,13 @@ def main(argv: list[str] | None = None) -> int:
         for label in args.modes:
             path = root / label
             size = sum(f.stat().st_blocks * 512 for f in path.rglob("*") if f.is_file())
-            print(f"analyze {label} ({size / 1e9:.2f} GB on disk), each in a fresh process:")
+            print(f"analyze {label} ({size / 1e9:.2f} GB on disk = {size / max(1, n):.0f} bytes a record), each in a "
+                  f"fresh process:")
             for impl in impls:
-                m = measure(path, args.repeat, impl, args.rss_cap, args.profile and impl is None)
+                m = measure(path, args.repeat, impl, args.rss_cap, args.profile and impl is None, args.cold)
                 name = "this tree" if impl is None else impl
-                good = _report(name, m, n, culprit, target_s, target_gib)
+                ranks = json.loads((root / "bench.json").read_text())["ranks"] if (root / "bench.json").exists() else 1
+                good = _report(name, m, n, culprit, target_s, target_gib, ranks, path)
                 ok &= good or impl is not None  # another tree's wrong verdict is its own
         return 0 if ok else 1
     finally:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ranktrace.tracer.formats.ringformat import (FLAG_META_FULL, HEADER, MAGIC, META_COMMIT, META_OFFSET, META_REC,
-                                         SLOT_SIZE, VERSION)
+                                         SLOT_SIZE, VERSIONS)
 
 __all__ = ["RingContents", "RingError", "RingView", "read_ring", "slot_dtype", "SLOT_FIELDS", "written_slots"]
 
@@ -122,8 +122,9 @@ class RingView:
             magic, version, pid, mono0, wall0, meta_size, slot_size, slots, flags, host, title = HEADER.unpack_from(buf, 0)
             if magic != MAGIC:
                 raise RingError(f"{path}: not a ranktrace ring (magic {magic!r})")
-            if version != VERSION:
-                raise RingError(f"{path}: ring version {version}, this reader knows {VERSION}")
+            if version not in VERSIONS:  # 1 and 2 differ only in 2's tail index, in the header page
+                raise RingError(f"{path}: ring version {version}, this reader knows "
+                                f"{', '.join(map(str, VERSIONS))}")
             rc = RingContents(path, pid, _cstr(host), _cstr(title), mono0, wall0, bool(flags & FLAG_META_FULL))
             _read_meta(buf, meta_size, rc)
             for m in rc.meta:
@@ -164,6 +165,22 @@ class RingView:
 
     def __len__(self) -> int:
         return int(self.index.size)
+
+    partial = False  # every committed slot is here (ringwindow.RingWindow holds some)
+
+    @property
+    def total(self) -> int:
+        """Records the ring holds (all of them are read here)."""
+        return len(self)
+
+    @property
+    def lost(self) -> int:
+        """Records overwritten by the wrap before they were read."""
+        return max(0, int(self.commit[-1]) - len(self)) if len(self) else 0
+
+    @property
+    def oldest_t_ns(self) -> int | None:
+        return int(self.field("t_ns").min()) if len(self) else None
 
     def __enter__(self) -> "RingView":
         return self

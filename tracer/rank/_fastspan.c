@@ -99,6 +99,46 @@ static inline int64_t now_ns(PyObject *clock, int *err) {
     return t;
 }
 
+/* The ring's tail index (tracer.formats.ringformat, issue #28), after the record's commit word: the record's index +
+ * 1 into its key's entry (ringformat.tail_key: a collective's group and thread, any other category's thread), the field of its
+ * kind (enter 8, exit 16: the only kinds written here). The entry offsets are the Python writers' dict (ring item 5),
+ * a key's first record takes its entry through ring item 6 (recorder.TailIndex.entry). p2p records never come here;
+ * one that did (or a thread id of 2**28 or more) sets the overflow flag: readers then read the whole ring.
+ * 0 ok, -1 error set. */
+#define TAIL_OFFSET 1024
+#define TAIL_OVERFLOW 1u
+#define TAIL_ENTRY_SIZE 40
+static int tail_store(PyObject *ring, Py_buffer *view, const Slot *rec, long long idx) {
+    if (PyTuple_GET_SIZE(ring) < 7) return 0;
+    if (rec->category == 1 || rec->tid >= (1u << 28)) {
+        uint32_t *flags = (uint32_t *)((char *)view->buf + TAIL_OFFSET + 8);
+        __atomic_fetch_or(flags, TAIL_OVERFLOW, __ATOMIC_RELEASE);
+        return 0;
+    }
+    long long key = rec->category == 0 ? (((long long)rec->tid << 32) | (long long)rec->group) * 8
+                                       : -((long long)rec->tid * 8 + (long long)rec->category) - 1;
+    PyObject *k = PyLong_FromLongLong(key);
+    if (k == NULL) return -1;
+    PyObject *o = PyDict_GetItemWithError(PyTuple_GET_ITEM(ring, 5), k);  /* borrowed */
+    long long off;
+    if (o == NULL) {
+        if (PyErr_Occurred()) { Py_DECREF(k); return -1; }
+        PyObject *r = PyObject_CallOneArg(PyTuple_GET_ITEM(ring, 6), k);
+        Py_DECREF(k);
+        if (r == NULL) return -1;
+        off = PyLong_AsLongLong(r);
+        Py_DECREF(r);
+    } else {
+        Py_DECREF(k);
+        off = PyLong_AsLongLong(o);
+    }
+    if (off == -1 && PyErr_Occurred()) return -1;
+    if (off < 0 || off + TAIL_ENTRY_SIZE > view->len) return 0;
+    uint64_t *field = (uint64_t *)((char *)view->buf + off + (rec->kind == KIND_ENTER ? 8 : 16));
+    __atomic_store_n(field, (uint64_t)idx + 1, __ATOMIC_RELEASE);
+    return 0;
+}
+
 /* Write one record into ring (mapping, slot counter, offset of slot 0, slots, clock). 0 ok, -1 error set. */
 static int write_slot(PyObject *ring, Slot *rec) {
     PyObject *buf = PyTuple_GET_ITEM(ring, 0), *nxt = PyTuple_GET_ITEM(ring, 1);
@@ -131,8 +171,9 @@ static int write_slot(PyObject *ring, Slot *rec) {
     __atomic_thread_fence(__ATOMIC_RELEASE);
     memcpy(p + 8, (char *)rec + 8, sizeof(Slot) - 8);
     __atomic_store_n(commit, (uint64_t)idx + 1, __ATOMIC_RELEASE);
+    int rc = tail_store(ring, &view, rec, idx);
     PyBuffer_Release(&view);
-    return 0;
+    return rc;
 }
 
 /* Is the pending error a KeyboardInterrupt / SystemExit / GeneratorExit (not an Exception)? Those are the job's:
@@ -342,7 +383,7 @@ static int prepare(FastSpan *self, PyObject *const *args, Py_ssize_t nargs, PyOb
     if (v != Py_None) return PREP_SLOW; /* a graph capture is open */
     PyObject *ring = st_attr(self, s_ring);
     if (ring == NULL) return PyErr_Occurred() ? PREP_FAIL : PREP_SLOW;
-    if (!PyTuple_Check(ring) || PyTuple_GET_SIZE(ring) != 5) return PREP_SLOW; /* no ring yet (or forked) */
+    if (!PyTuple_Check(ring) || PyTuple_GET_SIZE(ring) != 7) return PREP_SLOW; /* no ring yet (or forked) */
     Py_INCREF(ring);
     c->ring = ring;
     int err = 0;
@@ -855,6 +896,7 @@ PyMODINIT_FUNC PyInit__fastspan(void) {
     if (tp == NULL || PyModule_AddObject(m, "FastSpan", tp) < 0) { Py_XDECREF(tp); Py_DECREF(m); return NULL; }
     if (PyModule_AddIntConstant(m, "MODE_FUNCTION", MODE_FUNCTION) < 0 ||
         PyModule_AddIntConstant(m, "MODE_PG_METHOD", MODE_PG_METHOD) < 0 ||
-        PyModule_AddIntConstant(m, "MODE_SYNC", MODE_SYNC) < 0) { Py_DECREF(m); return NULL; }
+        PyModule_AddIntConstant(m, "MODE_SYNC", MODE_SYNC) < 0 ||
+        PyModule_AddIntConstant(m, "TAIL_INDEX", 1) < 0) { Py_DECREF(m); return NULL; }
     return m;
 }

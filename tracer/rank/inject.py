@@ -18,7 +18,7 @@ from .patch_graphs import install_cuda
 from .patch_pg import install_process_group
 from .patch_user import ENV as HOOKS_ENV
 from .patch_user import PROFILE_ENV, Target, UserHooks, load_plan, parse_env
-from .recorder import DEFAULT_SLOTS, Recorder
+from .recorder import Recorder, ring_slots
 from .tracestate import TraceState
 
 __all__ = ["install", "PostImportFinder", "state"]
@@ -136,7 +136,7 @@ class _Setup:
     def __init__(self, trace_dir: str) -> None:
         self.trace_dir = trace_dir
         self.rings = os.path.join(trace_dir, "rings")
-        self.slots = _env_int("RANKTRACE_RING_SLOTS") or DEFAULT_SLOTS
+        self.slots = _env_int("RANKTRACE_RING_SLOTS") or ring_slots()
         self.state = TraceState(self.new_ring, _env_int("RANK"), _env_int("WORLD_SIZE"))
         specs, self.bad_hooks = parse_env(os.environ.get(HOOKS_ENV))
         profile_targets, proctitle, plan_problems = load_plan(os.environ.get(PROFILE_ENV))

@@ -4,6 +4,8 @@ rank and is readable while it runs.
 An op record is one counter step and one ``struct.pack_into`` into a ``MAP_SHARED`` mapping: no lock, no syscall.
 Rare, precious records go to the non-wrapping meta region under a lock, so a serving loop never evicts them.
 The file's blocks are reserved when it is made (``reserve``): a disk that fills later never faults a ring write.
+Every writer of op records also keeps the ring's tail index (ringformat, issue #28: :class:`TailIndex`), so an
+analysis reads a ring's window and the few older records it needs, never the whole ring.
 """
 from __future__ import annotations
 
@@ -20,9 +22,14 @@ from typing import Any, Callable
 
 from ..formats import ringformat as rf
 
-__all__ = ["Recorder", "DEFAULT_SLOTS", "DEFAULT_META_BYTES", "reserve"]
+__all__ = ["Recorder", "TailIndex", "DEFAULT_SLOTS", "DEFAULT_META_BYTES", "MIN_SLOTS", "MAX_SLOTS", "RATE_ENV",
+           "SECONDS_ENV", "ring_slots", "reserve", "tail_supported"]
 
-DEFAULT_SLOTS = 65536          # 8 MiB of op records per process
+DEFAULT_SLOTS = 65536          # 8 MiB of op records per process, where nobody says what rate to expect
+MIN_SLOTS, MAX_SLOTS = 8192, 1 << 20   # 1 MiB .. 128 MiB of op records: the bound per process (a rank's ring)
+RATE_ENV = "RANKTRACE_RING_RATE"        # op records a second this job is expected to write (per process)
+SECONDS_ENV = "RANKTRACE_RING_SECONDS"  # how much history a ring keeps at that rate
+DEFAULT_SECONDS = 600
 DEFAULT_META_BYTES = 1 << 20   # 1 MiB of identity/groups/strings/phases
 _KIND = {k: i for i, k in enumerate(rf.KINDS)}
 _CAT = {c: i for i, c in enumerate(rf.CATEGORIES)}
@@ -43,6 +50,87 @@ def reserve(fd: int, size: int) -> None:
     off = 0
     while off < size:
         off += os.pwrite(fd, zeros[:min(len(zeros), size - off)], off)
+
+
+def ring_slots(environ: "dict[str, str] | None" = None) -> int:
+    """Slots a new ring reserves: the expected rate (RATE_ENV) times the history to keep (SECONDS_ENV, 10 minutes by
+    default), within MIN_SLOTS..MAX_SLOTS, so a light rank reserves 1 MiB and a busy one never more than 128 MiB;
+    DEFAULT_SLOTS where no rate is given (or it is unreadable). RANKTRACE_RING_SLOTS, an exact count, wins over it
+    (tracer/rank/inject.py)."""
+    env = os.environ if environ is None else environ
+    try:
+        rate = float(env.get(RATE_ENV, "") or "nan")
+        seconds = float(env.get(SECONDS_ENV, "") or DEFAULT_SECONDS)
+    except ValueError:
+        return DEFAULT_SLOTS
+    if not (rate > 0 and seconds > 0):  # (nan compares false)
+        return DEFAULT_SLOTS
+    return int(min(MAX_SLOTS, max(MIN_SLOTS, rate * seconds)))
+
+
+def tail_supported() -> bool:
+    """Whether every writer of this process keeps the tail index: the compiled fast path (where built) must be one
+    that does (a stale build writes slots without it; its rings then carry no index and are read whole)."""
+    try:
+        from . import _fastspan  # type: ignore[attr-defined]
+    except ImportError:
+        return True  # no compiled writer: the Python ones keep it
+    return bool(getattr(_fastspan, "TAIL_INDEX", 0))
+
+
+class TailIndex:
+    """The writer's side of the ring's tail index (ringformat): a key's entry is taken on its first record (under a
+    lock; then a dict lookup), and each record stores its index + 1 in its entry's field for its kind, after its
+    commit word. Errors and marks (rare) are also counted and their last TAIL_RARE indexes kept."""
+
+    def __init__(self, buf: Any, enabled: bool = True) -> None:
+        self._buf = buf
+        self.offsets: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._used = 0
+        self.enabled = enabled
+        if enabled:
+            rf.TAIL_HEAD.pack_into(buf, rf.TAIL_OFFSET, rf.TAIL_MAGIC, 0, 0, 0)
+
+    def entry(self, key: int) -> int:
+        """Byte offset of `key`'s entry, -1 when the index is full (flagged: readers then read the whole ring)."""
+        with self._lock:
+            off = self.offsets.get(key)
+            if off is not None:
+                return off
+            if not self.enabled or self._used >= rf.TAIL_ENTRIES:
+                if self.enabled:
+                    struct.pack_into("<I", self._buf, rf.TAIL_OFFSET + 8, rf.TAIL_OVERFLOW)
+                self.offsets[key] = -1
+                return -1
+            off = rf.TAIL_ENTRIES_OFFSET + self._used * rf.TAIL_ENTRY.size
+            rf.TAIL_ENTRY.pack_into(self._buf, off, ((key + 2**63) % 2**64) - 2**63, 0, 0, 0, 0)
+            self._used += 1
+            struct.pack_into("<I", self._buf, rf.TAIL_OFFSET + 12, self._used)
+            self.offsets[key] = off
+            return off
+
+    def note(self, kind: int, category: int, group: int, peer: int, name: int, tid: int, idx: int) -> None:
+        """Record `idx` (just committed) under its key."""
+        key = rf.tail_key(category, group, peer, name, tid)
+        off = self.offsets.get(key)
+        if off is None:
+            off = self.entry(key)
+        if off >= 0:
+            _COMMIT.pack_into(self._buf, off + rf.TAIL_FIELD[kind], idx + 1)
+        if kind == 2 or kind == 4:
+            self.rare(off, idx)
+
+    def rare(self, off: int, idx: int) -> None:
+        """An error or mark record: its key's rare field, the count, and the ring of the last TAIL_RARE."""
+        if not self.enabled:
+            return
+        with self._lock:
+            if off >= 0:
+                _COMMIT.pack_into(self._buf, off + rf.TAIL_FIELD[4], idx + 1)
+            count = struct.unpack_from("<Q", self._buf, rf.TAIL_OFFSET + 16)[0]
+            _COMMIT.pack_into(self._buf, rf.TAIL_RARE_OFFSET + 8 * (count % rf.TAIL_RARE), idx + 1)
+            _COMMIT.pack_into(self._buf, rf.TAIL_OFFSET + 16, count + 1)
 
 
 def _start_ticks() -> int:
@@ -93,6 +181,7 @@ class Recorder:
             slots, 0, socket.gethostname().encode()[:63], proctitle.encode("utf-8", "replace")[:127],
         )
         rf.IDENT.pack_into(self._buf, rf.IDENT_OFFSET, rf.IDENT_MAGIC, _start_ticks())
+        self.tail = TailIndex(self._buf, tail_supported())
         try:
             os.link(tmp, path)  # FileExistsError when the name is taken: the caller picks another
         except FileExistsError:
@@ -211,6 +300,7 @@ class Recorder:
             span_id, parent_span_id,
         )
         _COMMIT.pack_into(buf, off, idx + 1)
+        self.tail.note(_KIND[kind], _CAT[category], group_id, rf.NONE_I32 if peer is None else peer, name_id, tid, idx)
 
     def close(self) -> None:
         try:

@@ -2,7 +2,8 @@
 
 ``Recorder.op`` takes keyword arguments and converts ``None`` to sentinels on every call (~520 ns); a wrapper
 writes two records per traced call, so it uses this positional closure instead: same slot counter, same
-seqlock order, already-interned ids and the ring's sentinels (N32, N64).
+seqlock order, already-interned ids and the ring's sentinels (N32, N64), and the same tail-index update
+(recorder.TailIndex: one dict lookup and one store a record).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from ..formats import ringformat as rf
 from .recorder import Recorder
 
 __all__ = [
-    "slot_writer", "ring_parts", "SlotWriter", "N32", "N64", "KIND", "CAT", "PACK", "COMMIT", "SLOT_SIZE",
+    "slot_writer", "ring_parts", "tail_store", "SlotWriter", "N32", "N64", "KIND", "CAT", "PACK", "COMMIT", "SLOT_SIZE",
     "ENTER", "EXIT", "ERROR", "COMPLETE", "MARK", "C_COLL", "C_P2P", "C_GRAPH", "C_SYNC", "F_CAPTURING", "F_ASYNC",
 ]
 
@@ -34,21 +35,37 @@ assert SLOT_SIZE == 128 and (ENTER, EXIT) == (0, 1)  # wrap_ops inlines both in 
 SlotWriter = Callable[[int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, int], None]
 
 
-def ring_parts(rec: Recorder) -> tuple[Any, Iterator[int], int, int, Callable[[], int]]:
-    """(mapping, slot counter, offset of slot 0, number of slots, clock) of `rec`, for writers that inline the three
-    stores (wrap_ops' op path does, to save a call per record). The commit word goes through COMMIT
+def ring_parts(rec: Recorder) -> tuple[Any, Iterator[int], int, int, Callable[[], int], dict[int, int],
+                                       Callable[[int], int]]:
+    """(mapping, slot counter, offset of slot 0, number of slots, clock, tail-index offsets by key, the function that
+    takes a key's entry on its first record) of `rec`, for writers that inline the stores (wrap_ops' op path and
+    _fastspan.c do, to save a call per record). The commit word goes through COMMIT
     (``struct.pack_into``), not a u64 memoryview of the mapping: a view is ~20 ns cheaper per store but is an
     exported buffer, and ``Recorder.close`` would then fail with BufferError."""
-    return rec._buf, rec._next, rec._ops_offset, rec.slots, rec.clock
+    return rec._buf, rec._next, rec._ops_offset, rec.slots, rec.clock, rec.tail.offsets, rec.tail.entry
+
+
+def tail_store(buf: Any, offsets: dict[int, int], entry: Callable[[int], int], cat: int, group: int, peer: int,
+               name: int, tid: int, field: int, idx: int) -> None:
+    """The tail-index store of an inlined enter or exit record (`field`: ringformat.TAIL_FIELD of its kind)."""
+    off = offsets.get(rf.tail_key(cat, group, peer, name, tid))
+    if off is None:
+        off = entry(rf.tail_key(cat, group, peer, name, tid))
+    if off is None:
+        off = entry(key)
+    if off >= 0:
+        COMMIT(buf, off + field, idx + 1)
 
 
 def slot_writer(rec: Recorder) -> SlotWriter:
     """A positional writer of op records into `rec`'s wrapping region: commit word zeroed, record packed, commit
     word = index + 1 written last (what ``Recorder.op`` does, so both may write one ring from any thread)."""
-    buf, nxt, base, slots, clock = ring_parts(rec)
+    buf, nxt, base, slots, clock, offsets, entry = ring_parts(rec)
     size = SLOT_SIZE
     pack = PACK
     commit = COMMIT
+    fields = rf.TAIL_FIELD
+    rare = rec.tail.rare
 
     def put(kind: int, cat: int, flags: int, name: int, group: int, callsite: int, dtype: int, shape: int,
             error: int, peer: int, graph: int, seq: int, bseq: int, nbytes: int, span: int, parent: int,
@@ -59,5 +76,15 @@ def slot_writer(rec: Recorder) -> SlotWriter:
         pack(buf, off, 0, clock(), tid, kind, cat, flags, 0, name, group, callsite, dtype, shape, error, peer, graph,
              seq, bseq, nbytes, span, parent)
         commit(buf, off, idx + 1)
+        key = ((tid << 32) | group) * 8 if cat == 0 else (  # ringformat.tail_key, inlined
+            (((((tid << 32) | name) << 32) | (peer & 0xFFFFFFFF)) << 32 | group) * 8 + 1 if cat == 1
+            else -(tid * 8 + cat) - 1)
+        toff = offsets.get(key)
+        if toff is None:
+            toff = entry(key)
+        if toff >= 0:
+            commit(buf, toff + fields[kind], idx + 1)
+        if kind == 2 or kind == 4:  # error, mark
+            rare(toff, idx)
 
     return put

@@ -9,7 +9,7 @@ from typing import Any, Callable
 from .fastpath import MODE_FUNCTION, MODE_PG_METHOD, with_fastpath
 from .nvtx_ranges import range_text
 from .optable import ALWAYS_ASYNC, OP_SPECS, SENDS
-from .slotwriter import CAT, COMMIT, ERROR, F_ASYNC, F_CAPTURING, N32, N64, PACK
+from .slotwriter import CAT, COMMIT, ERROR, F_ASYNC, F_CAPTURING, N32, N64, PACK, tail_store
 from .spans import arg_positions, error_id, finish_wrapper, unwound
 from .tracestate import TraceState, recording_thread
 
@@ -145,13 +145,14 @@ def op_span(st: TraceState, name: str, category: str, orig: Callable[..., Any], 
             parent = local.span
             peer_i = N32 if peer is None else peer
             ring = st.ring or st.open_ring()
-            buf, nxt, base, slots, clock = ring
+            buf, nxt, base, slots, clock, toffs, tentry = ring
             idx = next(nxt)
             off = base + (idx % slots) * 128
             commit(buf, off, 0)
             pack(buf, off, 0, clock(), tid, 0, cat, flags, 0, name_id, gid, cs, dt, sh, 0, peer_i, graph, seq, N64,
                  nb, span, parent)
             commit(buf, off, idx + 1)
+            tail_store(buf, toffs, tentry, cat, gid, peer_i, name_id, tid, 8, idx)
             nv = st.nv
             if nv is not None:
                 nv.push(range_text(name, gname, seq, peer))
@@ -202,6 +203,7 @@ def op_span(st: TraceState, name: str, category: str, orig: Callable[..., Any], 
                 pack(buf, off, 0, clock(), tid, 1, cat, flags, 0, name_id, gid, cs, dt, sh, 0, peer_i, graph, seq,
                      bseq, nb, span, parent)
                 commit(buf, off, idx + 1)
+                tail_store(buf, toffs, tentry, cat, gid, peer_i, name_id, tid, 16, idx)
             if result is not None and (aop or self_is_pg):
                 st.register_work(result, (span, name_id, cat, gid, seq, peer_i, graph, flags, g is not None and g[5]))
         except Exception as e:

@@ -1,5 +1,8 @@
-"""The rings of one host directory read rank by rank through the window (window.py): the fields that decide which
-records matter are read from every slot, every field only of the records kept, and only those are decoded."""
+"""The rings of one host directory read rank by rank through the window (window.py). A ring with a tail index
+(tracer/formats/ringwindow.py, issue #28) is read only where it must be: its latest records and the older ones the
+index names; the others (an older ring, an index that cannot vouch, a read asking for ops by seq or for every op's
+label) are mapped whole, the fields that decide which records matter read from every slot. Either way every field
+only of the records kept is decoded."""
 from __future__ import annotations
 
 import os
@@ -11,14 +14,17 @@ import numpy as np
 
 from ranktrace.analyzers.readers.base import ReadResult, Skipped
 from ranktrace.analyzers.readers.ranktrace_ring.events import identity_of, ring_result
-from ranktrace.analyzers.readers.ranktrace_ring.window import SENDS, Records, labels_before, select
+from ranktrace.analyzers.readers.ranktrace_ring.window import SENDS, Records, channel_ranges, labels_before, select
 from ranktrace.tracer.formats import ringformat as rf
 from ranktrace.tracer.formats.ringreader import SLOT_FIELDS, RingError, RingView
+from ranktrace.tracer.formats.ringwindow import RingWindow, open_window
 
 __all__ = ["HostRings", "read_host_rings"]
 
 _N_KINDS = len(rf.KINDS)   # ring kind codes are KIND_CODES (enter, exit, error, complete, mark); others -1
 THREADS = max(1, min(4, os.cpu_count() or 1))   # ranks read side by side
+UNREAD_LOW = -(2**62)   # the lowest seq a ring's unread older records may hold
+AnyView = RingView | RingWindow
 
 
 @dataclass
@@ -30,6 +36,7 @@ class HostRings:
     dropped: dict[str, tuple[int, int]] = field(default_factory=dict)   # channel -> (lowest, highest) seq dropped
     records: int = 0
     kept: int = 0
+    windowed: int = 0   # rings read through their tail index (the others whole)
     prefixes: dict[int, tuple[np.ndarray, list[str | None], int]] = field(default_factory=dict)  # window.labels_before
 
 
@@ -38,15 +45,17 @@ def read_host_rings(rings: list[Path], host: str, rows: int,
     """Every ring under one host dir, each rank's rings through one window of `rows` latest records (`labels`: also
     what each rank ran before its window, window.labels_before)."""
     out = HostRings()
-    views: dict[Path, RingView] = {}
+    views: dict[Path, AnyView] = {}
+    whole = bool(extra) or labels  # ops asked for by seq, or every op's label: the whole ring
     try:
         by_rank: dict[Any, list[Path]] = {}
         for ring in rings:
             try:
-                views[ring] = RingView(str(ring))
+                views[ring] = _open(ring, rows, whole)
             except (RingError, OSError) as e:
                 out.skipped.append(Skipped(str(ring), None, str(e)))
                 continue
+            out.windowed += isinstance(views[ring], RingWindow)
             rank = identity_of(views[ring].contents).get("rank")
             by_rank.setdefault(rank if rank is not None else ("pid", ring), []).append(ring)
         tables: dict[Path, ReadResult] = {}
@@ -83,7 +92,16 @@ def read_host_rings(rings: list[Path], host: str, rows: int,
     return out
 
 
-def _read_rank(views: list[RingView], paths: list[Path], host: str, rows: int,
+def _open(ring: Path, rows: int, whole: bool) -> AnyView:
+    """The ring's window through its tail index where it has one that vouches for it, else the whole ring."""
+    if not whole:
+        got = open_window(str(ring), rows)
+        if got is not None:
+            return got
+    return RingView(str(ring))
+
+
+def _read_rank(views: list[AnyView], paths: list[Path], host: str, rows: int,
                extra: frozenset[tuple[str, int]], out: HostRings, labels: bool = False) -> dict[Path, ReadResult]:
     rec, t_all = _records(views, labels)
     total = rec.n
@@ -91,6 +109,10 @@ def _read_rank(views: list[RingView], paths: list[Path], host: str, rows: int,
     if keep is not None and labels:
         out.prefixes.update(labels_before(rec, keep.keep))
     if keep is not None:
+        if any(v.partial for v in views):  # older records not read at all: any lower seq of a channel may be there
+            for chan, (lo, _hi) in channel_ranges(rec).items():
+                _, b = keep.dropped.get(chan, (lo, lo - 1))
+                keep.dropped[chan] = (UNREAD_LOW, max(b, lo - 1))
         for chan, (lo, hi) in keep.dropped.items():
             old = out.dropped.get(chan)
             out.dropped[chan] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
@@ -114,9 +136,9 @@ def _read_rank(views: list[RingView], paths: list[Path], host: str, rows: int,
             cols = {name: np.ascontiguousarray(arr[name]) for name in SLOT_FIELDS}
         rc.cols = cols
         if n:
-            rc.lost_ops = max(0, int(view.commit[-1]) - n)
-            rc.oldest_t_ns = int(t.min())
-        out.records += n
+            rc.lost_ops = view.lost
+            rc.oldest_t_ns = view.oldest_t_ns if view.partial else int(t.min())
+        out.records += view.total
         out.kept += len(cols["commit"])
         got[path] = ring_result(str(path), rc, host)
     return got
@@ -128,7 +150,7 @@ _WORDS = (1, 2, 3, 5, 6, 7, 10, 4)   # and 4 callsite|dtype, read only to tell w
 _LOW32 = np.uint64(0xFFFFFFFF)
 
 
-def _records(views: list[RingView], labels: bool = False) -> tuple[Records, list[np.ndarray]]:
+def _records(views: list[AnyView], labels: bool = False) -> tuple[Records, list[np.ndarray]]:
     """The window's columns from each ring's slots, read as whole words in one pass (string ids mapped to one group
     list for the rank; a group's backend from its group record). `labels`: names and call sites too."""
     parts: list[dict[str, np.ndarray]] = []
