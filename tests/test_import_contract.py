@@ -157,12 +157,9 @@ def test_the_rules_never_import_the_api_or_the_renderers():
 CAPTURE_MAY_IMPORT = ("ranktrace.analyzers.api", "ranktrace.analyzers.model.values",
                       "ranktrace.analyzers.model.hoststate", "ranktrace.analyzers.report", "ranktrace.analyzers.verdict",
                       "ranktrace.analyzers.compare", "ranktrace.analyzers.export")
-# Known exceptions, each to move into tracer/formats with the ring/index layout work of issue #28: finalize converts
-# rings to events.arrow with the ring reader and writes the events index; the RAS sampler reads its own answer with
-# the samples reader.
+# Known exceptions, each to move into tracer/formats: the RAS sampler reads its own answer with the samples reader
+# (finalize's ring conversion and events index moved there with issue #28).
 CAPTURE_EXCEPTIONS = {
-    "tracer/launch/finalize.py": {"ranktrace.analyzers.readers.ranktrace_ring",
-                                  "ranktrace.analyzers.inputs.own_records"},
     "tracer/watch/ras.py": {"ranktrace.analyzers.readers.ranktrace_samples"},
 }
 

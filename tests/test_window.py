@@ -1,4 +1,4 @@
-"""The window over a rank's own records (issue #19, analyzers/readers/ranktrace_ring/window.py): which records an
+"""The window over a rank's own records (issue #19, tracer/formats/recordwindow.py): which records an
 analysis keeps of a million must not change what it concludes.
 
 * the one-rank shortcut and the general grouped selection keep the same records, on random op streams with
@@ -14,7 +14,7 @@ import pytest
 
 from ranktrace.analyzers.inputs import own_records
 from ranktrace.analyzers.model import timeline
-from ranktrace.analyzers.readers.ranktrace_ring import window as W
+from ranktrace.tracer.formats import recordwindow as W
 from ranktrace.tracer.formats.ringreader import written_slots
 
 

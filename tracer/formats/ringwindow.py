@@ -125,7 +125,8 @@ def open_window(path: str, rows: int) -> RingWindow | None:
 
 
 def _open(fd: int, path: str, rows: int, file_size: int) -> RingWindow | None:
-    head = _pread(fd, rf.HEADER_SIZE, 0)
+    first = _pread(fd, rf.HEADER_SIZE + _META_CHUNK, 0)   # the header page and the meta region's start: one read
+    head = first[:rf.HEADER_SIZE]
     if len(head) < rf.HEADER.size:
         raise RingError(f"{path}: {len(head)} bytes, shorter than a ring header")
     magic, version, pid, mono0, wall0, meta_size, slot_size, slots, flags, host, title = rf.HEADER.unpack_from(head)
@@ -155,12 +156,12 @@ def _open(fd: int, path: str, rows: int, file_size: int) -> RingWindow | None:
         if low <= v - 1 < start:
             need.add(int(v) - 1)
     contents = RingContents(path, pid, _cstr(host), _cstr(title), mono0, wall0, bool(flags & rf.FLAG_META_FULL))
-    meta = _read_meta_region(fd, meta_size)
+    meta = _read_meta_region(fd, meta_size, first[rf.HEADER_SIZE:rf.HEADER_SIZE + meta_size])
     _read_meta(head[:rf.META_OFFSET].ljust(rf.META_OFFSET, b"\0") + meta, meta_size, contents)
     for m in contents.meta:
         if m.get("type") == "str":
             contents.strings[int(m["id"])] = m["v"]
-    read_bytes = len(head) + len(meta)
+    read_bytes = len(first) + max(0, len(meta) - (len(first) - rf.HEADER_SIZE))
     dt = slot_dtype()
     runs: list[tuple[int, Any]] = []   # (record index of the first slot, the slots read from there)
 
@@ -193,7 +194,7 @@ def _open(fd: int, path: str, rows: int, file_size: int) -> RingWindow | None:
     for i in sorted(need):
         read_bytes += read_run(i, i + 1)
     oldest: int | None = None   # the oldest record's time: where "no record of op k" stops meaning "never issued"
-    if start > low:
+    if low and start > low:     # (read only where the wrap lost records: what the ring_wrapped mark is placed by)
         data = _pread(fd, slot_size, ops_offset + (low % slots) * slot_size)
         read_bytes += len(data)
         if len(data) == slot_size:
@@ -260,25 +261,22 @@ def _has_enter(runs: list[tuple[int, Any]], span: int, lo: int, hi: int) -> bool
     return False
 
 
-def _read_meta_region(fd: int, meta_size: int) -> bytes:
-    """The meta region up to its first unused record (length 0), read in growing chunks: a 1 MiB region a rank
-    fills with a few kilobytes costs those kilobytes."""
-    out = bytearray()
-    off, size = 0, _META_CHUNK
-    while off < meta_size:
-        chunk = _pread(fd, min(size, meta_size - off), rf.META_OFFSET + off)
-        size *= 2
-        if not chunk:
-            break
-        out += chunk
-        off += len(chunk)
-        # walk the records read so far; stop once a zero length is inside what we have
-        pos = 0
+def _read_meta_region(fd: int, meta_size: int, start: bytes) -> bytes:
+    """The meta region up to its first unused record (length 0): `start` (its first bytes, already read), then
+    growing chunks — a 1 MiB region a rank fills with a few kilobytes costs those kilobytes."""
+    out = bytearray(start)
+    size = max(_META_CHUNK, len(out))
+    while True:
+        pos = 0   # walk the records read so far; done once a zero length is inside what we have
         while pos + rf.META_REC.size <= len(out):
             length = rf.META_REC.unpack_from(out, pos)[0]
             if length == 0:
                 return bytes(out)
             pos += rf.META_REC.size + length
-        if pos > meta_size:
-            break
-    return bytes(out)
+        if len(out) >= meta_size:
+            return bytes(out)
+        chunk = _pread(fd, min(size, meta_size - len(out)), rf.META_OFFSET + len(out))
+        if not chunk:
+            return bytes(out)
+        out += chunk
+        size *= 2

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from ranktrace.tracer.formats import schema
-from ranktrace.analyzers.readers import ranktrace_ring
+from ranktrace.tracer.formats import ringevents
 from ranktrace.tracer.formats.ringreader import RingError, read_ring
 
 __all__ = ["finalize_host_dir", "EVENTS_SCHEMA_VERSION", "write_events", "seal_samples", "remove_rings",
@@ -31,14 +31,14 @@ EVENTS_SCHEMA_VERSION = "ranktrace.events/1"
 
 def write_events(path: Path, table: pa.Table | Iterable[pa.Table]) -> None:
     """Arrow IPC *file* with the schema version in its metadata (self-describing); its string columns
-    dictionary-encoded (ranktrace_ring.ENCODED: one growing dictionary per column, written as IPC dictionary deltas),
+    dictionary-encoded (ringevents.ENCODED: one growing dictionary per column, written as IPC dictionary deltas),
     so a table per ring is written as it is read and a million-record ring costs ids, not strings. Beside it, its
     index (hostdir.INDEX_NAME: each rank's rows and the ones an analysis keeps whatever their age), so a run of a
     thousand ranks is analyzed without reading every row."""
-    from ranktrace.analyzers.inputs.own_records import INDEX_NAME, EventsIndex
+    from ranktrace.tracer.formats.eventsindex import INDEX_NAME, EventsIndex
 
     tables = [table] if isinstance(table, pa.Table) else table
-    target = ranktrace_ring.ENCODED.with_metadata({"schema": EVENTS_SCHEMA_VERSION})
+    target = ringevents.ENCODED.with_metadata({"schema": EVENTS_SCHEMA_VERSION})
     dicts = _Dictionaries(target)
     tmp = path.with_name(path.name + ".tmp")
     options = ipc.IpcWriteOptions(emit_dictionary_deltas=True)
@@ -228,7 +228,7 @@ def finalize_host_dir(host_dir: Path, keep_rings: bool = False) -> dict[str, Any
                 problems.append(str(e))
                 continue
             rel = str(ring.relative_to(host_dir))
-            yield ranktrace_ring.ring_to_events(rc, host, rel, encoded=True)
+            yield ringevents.ring_to_events(rc, host, rel, encoded=True)
             converted.add(rel)  # its table was written (write_events takes each before asking for the next)
             _note_ring(rc, rel, pids, versions, problems, hook_problems)
 
@@ -248,7 +248,7 @@ def finalize_host_dir(host_dir: Path, keep_rings: bool = False) -> dict[str, Any
 def _note_ring(rc: Any, rel: str, pids: dict[str, Any], versions: dict[str, Any], problems: list[str],
                hook_problems: dict[tuple[str, str], dict[str, Any]]) -> None:
     """What meta.json keeps of one ring: its process (pid -> rank), versions seen, --hook problems, torn records."""
-    ident = ranktrace_ring.identity_of(rc)
+    ident = ringevents.identity_of(rc)
     pids[str(rc.pid)] = {"rank": ident.get("rank"), "world": ident.get("world"),
                          "local_rank": ident.get("local_rank"), "ppid": ident.get("ppid"),
                          "argv": ident.get("argv"), "ring": rel,

@@ -1,4 +1,4 @@
-"""The rings of one host directory read rank by rank through the window (window.py). A ring with a tail index
+"""The rings of one host directory read rank by rank through the record window (tracer/formats/recordwindow.py). A ring with a tail index
 (tracer/formats/ringwindow.py, issue #28) is read only where it must be: its latest records and the older ones the
 index names; the others (an older ring, an index that cannot vouch, a read asking for ops by seq or for every op's
 label) are mapped whole, the fields that decide which records matter read from every slot. Either way every field
@@ -14,8 +14,8 @@ import numpy as np
 
 from ranktrace.analyzers.readers.base import ReadResult, Skipped
 from ranktrace.analyzers.readers.ranktrace_ring.events import identity_of, ring_result
-from ranktrace.analyzers.readers.ranktrace_ring.window import SENDS, Records, channel_ranges, labels_before, select
 from ranktrace.tracer.formats import ringformat as rf
+from ranktrace.tracer.formats.recordwindow import SENDS, Records, channel_ranges, labels_before, select
 from ranktrace.tracer.formats.ringreader import SLOT_FIELDS, RingError, RingView
 from ranktrace.tracer.formats.ringwindow import RingWindow, open_window
 
@@ -23,6 +23,7 @@ __all__ = ["HostRings", "read_host_rings"]
 
 _N_KINDS = len(rf.KINDS)   # ring kind codes are KIND_CODES (enter, exit, error, complete, mark); others -1
 THREADS = max(1, min(4, os.cpu_count() or 1))   # ranks read side by side
+IO_THREADS = 8   # rings opened side by side: a cold open waits on the disk, not the CPU
 UNREAD_LOW = -(2**62)   # the lowest seq a ring's unread older records may hold
 AnyView = RingView | RingWindow
 
@@ -49,12 +50,11 @@ def read_host_rings(rings: list[Path], host: str, rows: int,
     whole = bool(extra) or labels  # ops asked for by seq, or every op's label: the whole ring
     try:
         by_rank: dict[Any, list[Path]] = {}
-        for ring in rings:
-            try:
-                views[ring] = _open(ring, rows, whole)
-            except (RingError, OSError) as e:
-                out.skipped.append(Skipped(str(ring), None, str(e)))
+        for ring, got in zip(rings, _open_all(rings, rows, whole)):
+            if isinstance(got, Exception):
+                out.skipped.append(Skipped(str(ring), None, str(got)))
                 continue
+            views[ring] = got
             out.windowed += isinstance(views[ring], RingWindow)
             rank = identity_of(views[ring].contents).get("rank")
             by_rank.setdefault(rank if rank is not None else ("pid", ring), []).append(ring)
@@ -90,6 +90,23 @@ def read_host_rings(rings: list[Path], host: str, rows: int,
         for v in views.values():
             v.close()
     return out
+
+
+def _open_all(rings: list[Path], rows: int, whole: bool) -> list[AnyView | Exception]:
+    """Every ring opened (its header, meta region and, through its index, its window read): side by side, as a
+    cold read of rings nobody has in memory waits on the disk a few times a ring."""
+    def one(ring: Path) -> AnyView | Exception:
+        try:
+            return _open(ring, rows, whole)
+        except (RingError, OSError) as e:
+            return e
+
+    if len(rings) < 2:
+        return [one(r) for r in rings]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(IO_THREADS, len(rings))) as pool:
+        return list(pool.map(one, rings))
 
 
 def _open(ring: Path, rows: int, whole: bool) -> AnyView:

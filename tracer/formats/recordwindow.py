@@ -1,6 +1,9 @@
 """Which of a rank's own records an analysis needs (issue #19): its latest ones and every op whose state any rule
 reads (pending, failed, open, each channel's last), picked on numpy columns and ids before anything is decoded;
-every op is kept or dropped whole, so each kept op reads as it would from all of its records."""
+every op is kept or dropped whole, so each kept op reads as it would from all of its records.
+
+An on-disk contract as much as a reader's rule: events.arrow's index (eventsindex.py) lists the records it keeps
+whatever their age, and finalize writes it, so it lives here, numpy only, for both wings (issue #28)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
