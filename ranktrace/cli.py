@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ranktrace.progress import working
+
 if TYPE_CHECKING:
     from ranktrace.analyzers.model.values import Analysis
     from ranktrace.analyzers.verdict import Verdict
@@ -92,10 +94,12 @@ class _RunCommand(click.Command):
 @click.option("--nccl-coll", is_flag=True, help="Add COLL to NCCL_DEBUG_SUBSYS (one line per collective).")
 @click.option("--analyze/--no-analyze", default=True, show_default=True,
               help="Analyze the trace when the job ends and write <run>/verdict.json and <run>/report.html.")
-@click.option("--hang-after", type=click.FloatRange(min=1), default=60.0, show_default=True,
-              help="Seconds without progress (after the first collective) that count as a hang.")
-@click.option("--startup-hang-after", type=click.FloatRange(min=1), default=600.0, show_default=True,
-              help="The same before the first collective: weight loading can take minutes.")
+@click.option("--hang-after", type=click.FloatRange(min=1), default=None, show_default="adaptive",
+              help="Seconds without progress (once the ranks joined their process group) that count as a hang. "
+                   "Default adaptive: 8 s when every rank is parked in a collective or a known wait with no CPU or "
+                   "I/O, else from each rank's own cadence (at least 60 s).")
+@click.option("--startup-hang-after", type=click.FloatRange(min=1), default=None, show_default="adaptive",
+              help="The same before the ranks joined their process group (adaptive: the short path, else 180 s).")
 @click.option("--on-hang", type=click.Choice(["report", "kill", "wait"]), default="report", show_default=True,
               help="report: print the verdict and keep watching; kill: terminate the job and exit 3; wait: record.")
 @click.option("--native-stacks", is_flag=True, help="Hang-time py-spy dumps with --native (slower, C++ frames).")
@@ -162,7 +166,9 @@ def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll
                                nccl_coll=nccl_coll, hooks=hook_targets, nsys=use_nsys or bool(nsys_args),
                                nsys_args=nsys_args, profiles=chosen, profile_source=chosen_by,
                                run_id=run_id, host_label=label)
-    mon = MonitorOptions(hang_after=hang_after, startup_hang_after=max(startup_hang_after, hang_after),
+    if startup_hang_after is not None and hang_after is not None:
+        startup_hang_after = max(startup_hang_after, hang_after)
+    mon = MonitorOptions(hang_after=hang_after, startup_hang_after=startup_hang_after,
                          on_hang=on_hang, native_stacks=native_stacks) if monitor else None
     try:
         outcome = launcher.launch(opts, monitor_opts=mon)
@@ -175,6 +181,9 @@ def run(output: Path | None, name: str | None, nccl_debug: str | None, nccl_coll
         versions = {**m.get("versions", {}), **fin["versions"]}
         meta.update_meta(outcome.host_dir, pids=fin["pids"], versions=versions, finalize_problems=fin["problems"],
                          hook_problems=fin.get("hook_problems", []), rings=fin["rings"])
+        folded = _profile_problems_line(fin.get("hook_problems", []))
+        if folded:
+            _err(folded)
     except Exception as e:  # the job's status must come through whatever happens to us
         _err(f"could not finalize the trace in {outcome.host_dir}: {type(e).__name__}: {e}")
     presenter = outcome.presenter
@@ -270,12 +279,29 @@ def bisect(output: Path | None, budget: int | None, time_budget: str | None, rep
     sys.exit(result.exit_code)
 
 
+def _profile_problems_line(problems: list[dict[str, object]]) -> str | None:
+    """The profile targets no process could trace, in one line with their count (the ranks said one line at the
+    first): 'profile sglang: 15 targets not in the installed release were not traced: A, B, C and 12 more (...)'."""
+    by_profile: dict[str, list[str]] = {}
+    for p in problems:
+        head, _, name = str(p.get("target", "")).partition(": ")
+        if head.startswith("profile ") and name:
+            by_profile.setdefault(head, []).append(name)
+    parts = []
+    for head, names in by_profile.items():
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        parts.append(f"{head}: {len(names)} target{'s' if len(names) != 1 else ''} not in the installed release "
+                     f"{'were' if len(names) != 1 else 'was'} not traced: {shown}")
+    return "; ".join(parts) + " (meta.json hook_problems says why for each)" if parts else None
+
+
 def _refresh(run_dir: Path) -> Analysis:
     """verdict.json and report.html of a run dir, analyzed now with what is alive of its job on this machine."""
     from ranktrace.analyzers import api
     from ranktrace.tracer.watch import live
 
-    refreshed = api.refresh_run(run_dir, live.liveness([run_dir]))
+    with working(f"analyzing {run_dir}"):
+        refreshed = api.refresh_run(run_dir, live.liveness([run_dir]))
     if refreshed.problem:
         _err(refreshed.problem)
     return refreshed.analysis
@@ -382,7 +408,8 @@ def analyze(paths: tuple[Path, ...], as_json: bool, perfetto: Path | None, html_
             _err(f"live snapshot skipped: {type(e).__name__}: {e}")
 
     try:
-        result = api.analyze(list(paths), liveness=live.liveness(dirs))
+        with working(f"analyzing {' '.join(map(str, paths))}"):
+            result = api.analyze(list(paths), liveness=live.liveness(dirs))
     except api.InputError as e:
         _err(str(e))
         sys.exit(EXIT_USAGE)
@@ -486,7 +513,8 @@ def compare(a: Path, b: Path, as_json: bool, html_out: Path | None) -> None:
         _err(f"{html_out} exists: not overwritten (choose another path)")
         sys.exit(EXIT_USAGE)
     try:
-        c = compare_mod.compare_paths(a, b, liveness=live.liveness([p for p in (a, b) if p.is_dir()]))
+        with working(f"comparing {a} and {b}"):
+            c = compare_mod.compare_paths(a, b, liveness=live.liveness([p for p in (a, b) if p.is_dir()]))
     except api.InputError as e:
         _err(str(e))
         sys.exit(EXIT_USAGE)
@@ -506,7 +534,8 @@ def _analyze_for_tables(run: Path) -> Analysis:
     from ranktrace.tracer.watch import live
 
     try:
-        return api.analyze([run], liveness=live.liveness([run] if run.is_dir() else []))
+        with working(f"analyzing {run}"):
+            return api.analyze([run], liveness=live.liveness([run] if run.is_dir() else []))
     except api.InputError as e:
         _err(str(e))
         sys.exit(EXIT_USAGE)

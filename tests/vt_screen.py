@@ -19,6 +19,9 @@ class Screen:
         self.cols, self.rows = cols, rows
         self.grid = [[" "] * cols for _ in range(rows)]
         self.history: list[str] = []
+        self.wrapped = [False] * rows          # row r continues on row r+1 (auto-wrap, not a newline)
+        self.history_wrapped: list[bool] = []
+        self.history_full: list[str] = []       # scrolled-off rows as they were, trailing blanks kept
         self.r = self.c = 0
         self.top, self.bottom = 0, rows - 1
         self.saved = (0, 0)
@@ -28,9 +31,23 @@ class Screen:
     def line(self, r: int) -> str:
         return "".join(self.grid[r]).rstrip()
 
-    def transcript(self) -> list[str]:
-        """Scrollback then the screen, trailing blank rows dropped: the whole text a person can scroll through."""
+    def transcript(self, join_wrapped: bool = False) -> list[str]:
+        """Scrollback then the screen, trailing blank rows dropped: the whole text a person can scroll through.
+        `join_wrapped`: a line the terminal wrapped at its edge is given as the one line that was written."""
         lines = self.history + [self.line(r) for r in range(self.rows)]
+        cont = self.history_wrapped + self.wrapped
+        if join_wrapped:  # a wrapped row is full: its trailing blank is a space that was written
+            full = self.history_full + ["".join(row) for row in self.grid]
+            lines = [f if c else ln for ln, f, c in zip(lines, full, cont)]
+            joined: list[str] = []
+            glue = False
+            for ln, c in zip(lines, cont):
+                if glue:
+                    joined[-1] += ln
+                else:
+                    joined.append(ln)
+                glue = c
+            lines = joined
         while lines and not lines[-1]:
             lines.pop()
         return lines
@@ -72,6 +89,7 @@ class Screen:
         else:
             if self.wrap_next:
                 self.c, self.wrap_next = 0, False
+                self.wrapped[self.r] = True
                 self._linefeed()
             self.grid[self.r][self.c] = ch
             if self.c == self.cols - 1:
@@ -88,9 +106,13 @@ class Screen:
 
     def _scroll_up(self) -> None:
         gone = self.grid.pop(self.top)
+        was_wrapped = self.wrapped.pop(self.top)
         if self.top == 0:
             self.history.append("".join(gone).rstrip())
+            self.history_wrapped.append(was_wrapped)
+            self.history_full.append("".join(gone))
         self.grid.insert(self.bottom, [" "] * self.cols)
+        self.wrapped.insert(self.bottom, False)
 
     def _esc(self, ch: str) -> None:
         if ch == "7":
@@ -107,6 +129,8 @@ class Screen:
             if self.r == self.top:
                 self.grid.pop(self.bottom)
                 self.grid.insert(self.top, [" "] * self.cols)
+                self.wrapped.pop(self.bottom)
+                self.wrapped.insert(self.top, False)
             elif self.r > 0:
                 self.r -= 1
 
@@ -136,10 +160,13 @@ class Screen:
             row = self.grid[self.r]
             lo, hi = {0: (self.c, self.cols), 1: (0, self.c + 1), 2: (0, self.cols)}.get(mode, (0, 0))
             row[lo:hi] = [" "] * (hi - lo)
+            if hi == self.cols:
+                self.wrapped[self.r] = False
         elif final == "J":
             mode = arg(0, 0)
             if mode in (2, 3):
                 self.grid = [[" "] * self.cols for _ in range(self.rows)]
+                self.wrapped = [False] * self.rows
             elif mode == 0:
                 self.grid[self.r][self.c:] = [" "] * (self.cols - self.c)
                 for r in range(self.r + 1, self.rows):

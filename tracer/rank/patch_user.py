@@ -30,7 +30,6 @@ PROFILE_ENV = "RANKTRACE_PROFILE"  # a JSON plan written by tracer/launch/profil
 CATEGORIES = ("phase", "collective", "graph", "sync", "user")
 DEFAULT_CATEGORY = "user"
 _MAIN_MODULES = ("__main__", "__mp_main__")
-_SAID_PROFILE = 3  # profile targets said one by one on stderr per process; then one line for the rest
 
 
 class SpecError(ValueError):
@@ -140,7 +139,7 @@ class UserHooks:
         self.done: dict[str, str] = {}
         self.failed: dict[str, dict[tuple[str, str], str]] = {}  # target key -> {alternative: why it did not resolve}
         self.reported: set[str] = set()
-        self.said = 0  # profile targets said on stderr by this process (the rest: meta.json only)
+        self.said = 0  # 1 once this process said the job's one line about profile targets (the rest: meta.json)
 
     @property
     def specs(self) -> list[Target]:  # the older name
@@ -209,20 +208,22 @@ class UserHooks:
         except Exception:
             pass
         profile = target.startswith("profile ")
-        if profile and self.said > _SAID_PROFILE:
+        if profile:
+            # one line per job, whichever process finds the first: trace run counts and names them all at the end
+            # (a profile's targets missing from a release are many, and every process would say its own)
+            if self.said or not self._first_in_job("profile targets"):
+                return
+            self.said += 1
+            line = (f"[ranktrace] {target.split(':', 1)[0]}: targets not in the installed release are not traced "
+                    f"(the job runs on); trace run counts them when it ends, meta.json hook_problems lists them\n")
+        elif self._first_in_job(target):
+            line = f"[ranktrace] --hook {target}: {text}; not traced, the job runs on\n"
+        else:
             return
-        if self._first_in_job(target):
-            what = target if profile else f"--hook {target}"
-            line = f"[ranktrace] {what}: {text}; not traced, the job runs on\n"
-            if profile:
-                self.said += 1
-                if self.said > _SAID_PROFILE:
-                    line = ("[ranktrace] more profile targets are not in the installed release: meta.json "
-                            "hook_problems lists them all\n")
-            try:
-                sys.stderr.write(line)
-            except Exception:
-                pass
+        try:
+            sys.stderr.write(line)
+        except Exception:
+            pass
 
     def _first_in_job(self, target: str) -> bool:
         if not self.trace_dir:
