@@ -226,3 +226,18 @@ def test_a_rank_in_uninterruptible_sleep_is_named_with_its_wchan_and_what_that_u
     assert b[0].state == "in_collective" and "parked" in b[0].detail
     bare = blocked_states(model(stacks=[stack(0, ("poll (selectors.py:1)", "main (app.py:3)"))], world=1))
     assert bare[0].state == "unknown" and "no /proc samples" in bare[0].detail   # says what it lacked
+
+
+def test_a_rank_in_a_collective_says_spinning_or_parked_and_what_its_gpu_does() -> None:
+    """gloo parks in a collective at 0% CPU; an NCCL kernel waiting for a peer spins its GPU at 100%. NVML's rows are
+    given as the gpu sampler writes them (this machine has no GPU); without them nothing is said about the GPU."""
+    from ranktrace.analyzers.model.blocked import blocked_states
+    from tests.test_rule_units import IN_ALL_REDUCE, IN_SYNC, model, stack
+
+    gpu = [{"kind": "gpu_util", "name": "gpu1", "value": 100, "detail": "util_mem=0 power_mw=412000", "source": "gpu",
+            "file": "gpu.arrows"},
+           {"kind": "gpu_memory", "rank": 1, "pid": 101, "name": "gpu1", "value": 1 << 30, "detail": "process",
+            "source": "gpu", "file": "gpu.arrows"}]
+    b = blocked_states(model(stacks=[stack(0, IN_ALL_REDUCE), stack(1, IN_SYNC)], world=2, observations=gpu))
+    assert b[1].state == "in_collective" and "gpu1 at 100%, 412 W: a kernel spins on it" in b[1].detail
+    assert b[0].state == "in_collective" and "gpu" not in b[0].detail   # no NVML row for rank 0: no GPU claim

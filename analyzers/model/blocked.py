@@ -134,6 +134,10 @@ class _Facts:
                     rows.setdefault(key, []).append(o)
             self.by_kind[kind] = rows
         self.sampled = any(self.by_kind[k] for k in self.by_kind)
+        # NVML (gpu.arrows): each rank's GPU (its process's memory row) and that GPU's latest utilisation / power
+        self.gpu_util = {o["name"]: o for o in ctx.observations("gpu_util") if o["name"]}
+        self.gpu_of = {o["rank"]: o["name"] for o in ctx.observations("gpu_memory")
+                       if o["rank"] is not None and o["detail"] == "process" and o["name"]}
         walls = [o["wall_ns"] for rows in self.by_kind.values() for os_ in rows.values() for o in os_ if o["wall_ns"]]
         self.as_of = max([ctx.as_of_ns or 0, *walls]) or None
 
@@ -195,8 +199,9 @@ def _one(ctx: "Model", facts: _Facts, r: int) -> Blocked:
         how = ("" if cpu10 is None else (", spinning (its main thread burns a core)" if cpu10 >= _SPIN_MS else
                                          ", parked (its main thread sleeps)"))
         where = application_frame(st.frames) if st else None
+        gpu, gev = _gpu(facts, r)
         return Blocked("in_collective", _IN_COLLECTIVE[host] + how + (f", from {normalise_frame(where)}" if where
-                                                                      else ""), since, evidence=mev)
+                                                                      else "") + gpu, since, evidence=mev + gev)
     waits = sorted(facts.of("host_wait", pids), key=lambda o: o["wall_ns"] or 0)
     wait = waits[-1] if waits else None
     if (st is not None and in_lock_wait(st.frames)) or (wait and wait["name"] in ("flock", "fcntl")):
@@ -218,6 +223,20 @@ def _one(ctx: "Model", facts: _Facts, r: int) -> Blocked:
     if host == "running":
         return Blocked("busy", "running Python (its stack is active)", evidence=mev)
     return Blocked("unknown", _why_unknown(st, host, main, wait, facts), since, evidence=mev)
+
+
+def _gpu(facts: _Facts, r: int) -> tuple[str, tuple[Evidence, ...]]:
+    """", its GPU gpu3 at 100% (...)" where NVML answered for the rank's device; "" otherwise (no claim)."""
+    g = facts.gpu_of.get(r)
+    o = facts.gpu_util.get(g) if g else None
+    if o is None or o["value"] is None:
+        return "", ()
+    v = o["value"]
+    power = field(o["detail"], "power_mw")
+    watts = f", {int(power) // 1000} W" if power and power.isdigit() else ""
+    what = ("a kernel spins on it (an NCCL or custom all-reduce kernel polling for a peer)" if v >= 90 else
+            "idle: nothing runs on it, the wait is on the host" if v <= 5 else "partly busy")
+    return f"; its {g} at {v}%{watts}: {what}", (_ev(o, r, f"{g} at {v}% utilisation{watts}"),)
 
 
 def _since(since_ns: int | None, as_of: int | None) -> str:
