@@ -1,8 +1,8 @@
 """A spinner on stderr for analysis work that takes long enough to look hung itself (issue #27: `trace compare` of
 a 64-rank x 200k run was silent for 103 s, `trace analyze` for 15 s).
 
-Only on a terminal (never in a pipe or a log), only after AFTER_S seconds (RANKTRACE_PROGRESS_AFTER) (a quick analysis prints nothing
-extra), and transient: rich erases it when the work is done, so what follows (the verdict) reads as before. Drawn
+Only on a terminal (never in a pipe or a log), only after AFTER_S seconds (RANKTRACE_PROGRESS_AFTER; a quick
+analysis prints nothing extra), and transient: rich erases it when the work is done, so what follows (the verdict) reads as before. Drawn
 by rich's own live display in its refresh thread; what it says is the step and the time it has taken.
 """
 from __future__ import annotations
@@ -62,8 +62,8 @@ class working:
                 return
             try:
                 con = Console(file=self.stream, highlight=False, emoji=False)
-                live = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=con,
-                                transient=True, redirect_stdout=False, redirect_stderr=False)
+                live = Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), TimeElapsedColumn(),
+                                console=con, transient=True, redirect_stdout=False, redirect_stderr=False)
                 live.add_task(f"[ranktrace] {self.what}", total=None)
                 live.start()
                 self._live = live

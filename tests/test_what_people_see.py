@@ -430,6 +430,24 @@ def test_the_run_folder_holds_what_the_analysis_reads_and_every_path_reads_it(hu
     assert res.returncode == 2 and "no live traced job here (finished" in res.stderr, res.stderr
 
 
+def test_analysis_work_shows_a_transient_spinner_on_a_terminal_only(hung: HungRun):
+    """`trace analyze` on a terminal: a spinner on stderr while it works (shown at once here, past 2 s normally),
+    erased when the verdict comes; piped, not one byte of it."""
+    from tests.helpers import run_in_pty
+    from tests.vt_screen import Screen
+
+    env = trace_env(RANKTRACE_PROGRESS_AFTER="0", TERM="xterm")
+    rc, tty, out = run_in_pty(["analyze", "--no-snapshot", str(hung.run_dir)], cols=COLS, rows=24, env=env)
+    assert rc == 3 and re.match(r"(HANG|CRASHED) · missing_ranks", out), out[:300]
+    assert f"[ranktrace] analyzing {hung.run_dir}" in tty, tty[-500:]
+    screen = Screen(COLS, 24)
+    screen.feed(tty)
+    assert not any("analyzing" in ln for ln in screen.transcript()), screen.transcript()   # transient
+    res = subprocess.run(TRACE + ["analyze", "--no-snapshot", str(hung.run_dir)], capture_output=True, text=True,
+                         env=env, cwd=REPO)
+    assert res.returncode == 3 and "analyzing" not in res.stderr and "\x1b" not in res.stderr, res.stderr
+
+
 def test_trace_sql_without_duckdb_is_one_line_and_exit_2(hung: HungRun, tmp_path: Path):
     (tmp_path / "duckdb.py").write_text("raise ImportError('no duckdb in this test')\n")
     env = trace_env()
