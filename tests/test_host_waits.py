@@ -170,6 +170,7 @@ def test_ranks_waiting_on_a_lock_whose_live_owner_compiles_get_no_alarm(tmp_path
     assert v["status"] != "hang" and v["culprit_ranks"] == [], v["summary"]
     note = next(f for f in v["findings"] if f["kind"] == "lock_held_by_build")
     assert str(lock) in note["summary"] and f"pid {owner.pid}" in note["summary"] and "not a hang" in note["summary"]
+    assert "not a hang" in v["summary"] and "Nothing pending" not in v["summary"], v["summary"]  # the headline too
     for r in ("0", "1"):
         assert v["ranks"][r]["blocked"] == "lock_wait" and "ninja (pid" in v["ranks"][r]["blocked_detail"]
         assert "builds: progress" in v["ranks"][r]["blocked_detail"]

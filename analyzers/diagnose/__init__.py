@@ -66,6 +66,10 @@ def diagnose(ctx: Model) -> Verdict:
     unobserved = tuple(sorted(set(range(world)) - ctx.observed_ranks)) if world else ()
     if primary is None:
         kind, summary, steps = _no_primary(ctx, status)
+        building = next((f for f in findings if f.kind == "lock_held_by_build"), None)
+        if building is not None and kind == "unknown" and status not in ("crashed", "stopped", "interrupted"):
+            # the ranks wait on a lock a live compiler holds: said as the progress it is, not as "no evidence"
+            kind, summary, steps = "no_hang", _sentence(building.summary), []
         verdict_args = dict(kind=kind, summary=summary, next_steps=tuple(steps))
     else:
         verdict_args = dict(kind=primary.kind, summary=_placed(_sentence(primary.summary), primary.culprits, ctx),
