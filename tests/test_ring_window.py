@@ -291,3 +291,27 @@ def test_a_ring_reserves_what_its_expected_rate_needs_within_bounds(tmp_path: Pa
     R.Recorder(str(ring), slots=R.ring_slots({R.RATE_ENV: "100"})).close()
     st = ring.stat()   # what is reserved on disk: the header page, the meta region and 60,000 slots, no more
     assert st.st_blocks * 512 >= st.st_size == rf.META_OFFSET + R.DEFAULT_META_BYTES + 60_000 * rf.SLOT_SIZE
+
+
+def test_the_monitors_first_look_at_a_ring_takes_its_newest_record_from_the_index(tmp_path: Path) -> None:
+    from ranktrace.tracer.watch.ring_tail import RingTail
+
+    ring = tmp_path / "r.ring"
+    write_rank(str(ring), 0, 2, 10_000, True, 1 << 15, "recorder")   # 20,001 records, the last an open enter
+    lagging = tmp_path / "lagging.ring"   # the same ring with its index emptied: every commit word is read
+    raw = ring.read_bytes()
+    lagging.write_bytes(raw[:rf.TAIL_ENTRIES_OFFSET] + bytes(rf.HEADER_SIZE - rf.TAIL_ENTRIES_OFFSET)
+                        + raw[rf.HEADER_SIZE:])
+
+    def rchar() -> int:
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("rchar"))
+
+    got = {}
+    for path in (ring, lagging):
+        tail = RingTail(path)
+        before = rchar()
+        assert tail.update()
+        got[path.name] = (tail.newest, dict(tail.group_seq), len(tail.open_ops), rchar() - before)
+    assert got["r.ring"][:3] == got["lagging.ring"][:3] == (20_001, {"0": 5001, "1": 5000}, 1)
+    assert got["r.ring"][3] * 10 < got["lagging.ring"][3], got

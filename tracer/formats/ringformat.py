@@ -32,7 +32,7 @@ import struct
 __all__ = [
     "MAGIC", "VERSION", "HEADER", "HEADER_SIZE", "META_OFFSET", "META_REC", "META_COMMIT", "SLOT", "SLOT_SIZE",
     "SLOT_WORDS", "IDENT", "IDENT_OFFSET", "IDENT_MAGIC", "VERSIONS", "TAIL_OFFSET", "TAIL_HEAD", "TAIL_MAGIC",
-    "TAIL_RARE", "TAIL_RARE_OFFSET", "TAIL_ENTRY", "TAIL_ENTRIES_OFFSET", "TAIL_ENTRIES", "TAIL_OVERFLOW", "TAIL_FIELD",
+    "TAIL_RARE", "TAIL_RARE_OFFSET", "COMMIT_WORD", "TAIL_ENTRY", "TAIL_ENTRIES_OFFSET", "TAIL_ENTRIES", "TAIL_OVERFLOW", "TAIL_FIELD",
     "tail_key", "KINDS", "CATEGORIES", "FLAG_CAPTURING", "FLAG_ASYNC", "FLAG_META_FULL", "NONE_I32", "NONE_I64",
 ]
 
@@ -61,6 +61,7 @@ TAIL_ENTRIES_OFFSET = TAIL_RARE_OFFSET + 8 * TAIL_RARE
 TAIL_ENTRIES = (HEADER_SIZE - TAIL_ENTRIES_OFFSET) // TAIL_ENTRY.size
 # byte offset in an entry of the value a record of each kind (KINDS order) updates: enter, exit, error, complete, mark
 TAIL_FIELD = (8, 16, 16, 24, 32)
+COMMIT_WORD = struct.Struct("<Q")   # a slot's first word, an index value
 META_OFFSET = HEADER_SIZE
 META_REC = struct.Struct("<II")
 META_COMMIT = 0x52544B31  # "RTK1"

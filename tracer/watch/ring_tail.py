@@ -184,16 +184,19 @@ class RingTail:
         self._full_scan(f, read_range)  # more than 16 chunks behind: jump to the newest
 
     def _full_scan(self, f: Any, read_range: Any) -> None:
-        """Newest index from every commit word (first sight of a ring, or after falling behind a wrap)."""
+        """Newest index (first sight of a ring, or after falling behind a wrap): from the ring's tail index, else from
+        every commit word."""
         import numpy as np
 
         meta_size, slot_size, slots = self._hdr  # type: ignore[misc]
         words = slot_size // 8
         self._scanned = True
-        f.seek(rf.META_OFFSET + meta_size)
-        data = f.read(slots * slot_size)
-        commits = np.frombuffer(data, dtype="<u8", count=len(data) // slot_size * words)[::words]
-        top = int(commits.max()) if len(commits) else 0
+        top = _indexed_newest(f, meta_size, slot_size, slots)
+        if top is None:  # no tail index that vouches (a version 1 ring): every commit word
+            f.seek(rf.META_OFFSET + meta_size)
+            data = f.read(slots * slot_size)
+            commits = np.frombuffer(data, dtype="<u8", count=len(data) // slot_size * words)[::words]
+            top = int(commits.max()) if len(commits) else 0
         if top > self.newest:
             first = max(self.newest, top - min(self.CHUNK, slots))
             self._decode(read_range(first, top - first), first, top)
@@ -240,3 +243,27 @@ class RingTail:
         coll = enters[(enters["category"] == _COLLECTIVE) & (enters["seq"] != rf.NONE_I64)]
         for gid, seq in zip(coll["group"].tolist(), coll["seq"].tolist()):   # in order: the last one wins
             self.group_seq[self._strings.get(gid, "?")] = seq
+
+
+def _indexed_newest(f: Any, meta_size: int, slot_size: int, slots: int) -> int | None:
+    """The newest record index + 1 the ring's tail index (ringformat, version 2) gives, checked against the slot
+    SLACK records past it (a later record there: the index lags); None where there is no index to trust."""
+    f.seek(0)
+    head = f.read(rf.HEADER_SIZE)
+    if len(head) < rf.HEADER_SIZE or rf.HEADER.unpack_from(head)[1] < 2:
+        return None
+    magic, flags, used, _ = rf.TAIL_HEAD.unpack_from(head, rf.TAIL_OFFSET)
+    if magic != rf.TAIL_MAGIC or flags & rf.TAIL_OVERFLOW or used > rf.TAIL_ENTRIES or slots <= _SLACK:
+        return None
+    values = [v for k in range(used) for v in rf.TAIL_ENTRY.unpack_from(head, rf.TAIL_ENTRIES_OFFSET +
+                                                                         k * rf.TAIL_ENTRY.size)[1:]]
+    values += [rf.COMMIT_WORD.unpack_from(head, rf.TAIL_RARE_OFFSET + 8 * k)[0] for k in range(rf.TAIL_RARE)]
+    newest = max(values, default=0)
+    f.seek(rf.META_OFFSET + meta_size + ((newest + _SLACK) % slots) * slot_size)
+    probe = f.read(8)
+    if len(probe) < 8 or rf.COMMIT_WORD.unpack(probe)[0] > newest:
+        return None
+    return newest
+
+
+_SLACK = 64   # as tracer/formats/ringwindow.SLACK: records committed before their index store
