@@ -185,3 +185,31 @@ def _check(home: Path, tmp_path: Path) -> None:
     assert count_colour(rows, (0xf2, 0xb1, 0x34)) > 300, "the culprit's lane does not show where it sat"
     if WRITE:
         shutil.copy(shot, PNG)
+
+
+SGLANG_PNG = REPO / "docs" / "report-startup-sglang.png"
+
+
+@pytest.mark.skipif(not WRITE, reason="regenerates docs/report-startup-sglang.png (a 4-process SGLang replica start-up "
+                                      "hang, ~40 s): RANKTRACE_WRITE_DOCS=1")
+def test_regenerate_the_sglang_startup_hang_screenshot(tmp_path: Path):
+    """The SGLang replica (examples/replica) hangs in its CUDA-graph set-up (rank 3 never finishes registering its
+    graph buffers): report.html of that start-up hang, as docs/report-startup-sglang.png."""
+    exe = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if exe is None:
+        pytest.skip("no chromium here to screenshot report.html (apt-get install chromium)")
+    env = trace_env(PYTHONPATH=os.pathsep.join([str(REPO / "examples" / "replica"), str(REPO)]))
+    run = tmp_path / "replica"
+    res = subprocess.run(TRACE + ["run", "-o", str(run), "--hang-after", "5", "--on-hang", "kill", "--", PY, "-m",
+                                  "sglang.launch_server", "--tp", "4", "--fault", "register-one", "--fault-rank", "3"],
+                         capture_output=True, text=True, env=env, cwd=REPO, timeout=300, stdin=subprocess.DEVNULL)
+    assert res.returncode == 3, res.stderr[-3000:]
+    page = (run / "report.html").read_text()
+    assert "register_graph_buffers (never returned)" in page   # the step each rank sat in, named on its bar
+    shot = tmp_path / "shot.png"
+    subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+                    "--disable-dev-shm-usage", "--window-size=1280,1200", f"--screenshot={shot}",
+                    (run / "report.html").as_uri()], capture_output=True, text=True, timeout=120)
+    width, height, rows = png_rgb(shot)
+    assert (width, height) == (1280, 1200) and count_colour(rows, (0xd6, 0x27, 0x28)) > 4 * 300
+    shutil.copy(shot, SGLANG_PNG)

@@ -286,6 +286,16 @@ def test_report_html_in_a_real_browser(hung: HungRun, tmp_path: Path):
     assert re.search(r'id="tl-lanes" transform="matrix\(', dom)
 
 
+def test_report_html_names_its_bars_and_keeps_the_culprits_evidence(hung: HungRun):
+    """Each nesting level says what it is: a bar wide enough carries its call's name (the hung all_reduce of each
+    waiting rank says it never returned); the evidence list is the terminal's (the culprit's lines, never cut)."""
+    page = (hung.run_dir / "report.html").read_text()
+    names = re.findall(r'class="bar-label"[^>]*>([^<]+)</text>', page)
+    assert names.count("all_reduce seq 5 (never returned)") == 3, names
+    ev = re.findall(r'<li class="ev">(rank 3: [^<]+)', page)
+    assert any("next_batch" in e for e in ev) and any("its last op on group 0 was all_reduce seq 4" in e for e in ev)
+
+
 def test_report_html_groups_identical_ranks(hung: HungRun, monkeypatch: pytest.MonkeyPatch):
     from ranktrace.analyzers import api
     from ranktrace.analyzers.report import html_report

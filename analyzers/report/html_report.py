@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from ranktrace.analyzers.model.values import Analysis
 from ranktrace.analyzers.report import bisect_html
+from ranktrace.analyzers.report.evidence import evidence_lines
 from ranktrace.analyzers.report.spans import Mark, Span, as_of, span_table
 from ranktrace.analyzers.report.words import plain, shown_findings, state_text
 from ranktrace.analyzers.verdict import RankState, Verdict, compact_ranks, operation_text
@@ -42,7 +43,8 @@ _BANDS_PER_LANE = 200  # bands of many calls a lane's oldest part is drawn as
 _MAX_DEPTH = 4         # rows drawn per lane (op ⊃ wait ⊃ ..., other threads); further spans share the last row
 _MARKS_PER_RANK = 200  # latest marks drawn per rank (phase changes, a ring that wrapped, untraced ops)
 _SAMPLES_PER_RANK = 200  # stack-sample ticks drawn on a culprit's lane
-_W, _LABEL, _ROW, _TOP = 1100, 110, 9, 28  # picture width, label column, height of one nesting level, axis band
+_W, _LABEL, _ROW, _TOP = 1100, 110, 13, 28  # picture width, label column, height of one nesting level, axis band
+_NAMED_PX = 60  # a bar at least this wide carries its call's name (each nesting level says what it is)
 _RIGHT = 10
 _COLOURS = {"collective": "#4878d0", "p2p": "#956cb4", "sync": "#8c8c8c", "graph": "#ee854a", "init": "#6acc64",
             "phase": "#d5bb67", "user": "#82c6e2"}
@@ -413,6 +415,7 @@ def _timeline(result: Analysis, v: Verdict) -> str:
                    f"{(b.start - start) / 1e9:.2f} s to {(b.end - start) / 1e9:.2f} s; trace export has each")
             body.append(f'<rect x="{x0:.2f}" y="{y + 3}" width="{max(x1 - x0, 0.5):.2f}" height="{_ROW - 2}" '
                         f'fill="{_MANY}" class="many"><title>{_e(tip)}</title></rect>')
+        named_to: dict[int, float] = {}  # per nesting level: where the last name drawn ends
         for sp, d in zip(spans_, depths):
             x0 = x(sp.start)
             x1 = x(sp.end if sp.end is not None else (t_verdict if t_verdict is not None else end))
@@ -434,6 +437,14 @@ def _timeline(result: Analysis, v: Verdict) -> str:
             open_cls = ' class="open"' if sp.open else ""
             body.append(f'<rect x="{x0:.2f}" y="{y + 3 + d * _ROW}" width="{max(x1 - x0, 0.5):.2f}" '
                         f'height="{_ROW - 2}" fill="{colour}"{stroke}{open_cls}><title>{_e(tip)}</title></rect>')
+            if x1 - x0 >= _NAMED_PX and x0 >= named_to.get(d, 0.0):  # its name on it, moved by the zoom
+                name = sp.name + (f" seq {sp.seq}" if sp.seq is not None else "") + (" (never returned)" if sp.open
+                                                                                      else "")
+                name = name[:max(4, int((x1 - x0) / 5.5))]
+                named_to[d] = x0 + 6 + 5.5 * len(name)  # the next name on this level starts past this one
+                top_marks.append(f'<text x="3" y="{y + _ROW - 1 + d * _ROW}" fill="#fff" font-size="9" '
+                                 f'class="bar-label" pointer-events="none" transform="translate({x0:.2f},0)" '
+                                 f'data-x="{x0:.2f}">{_e(name)}</text>')
         if rank in culprits:
             bars, over = _culprit_band(rank, v, spans_, samples.get(rank, []), x,
                                        y + 3 + (max(depths, default=0) + 1) * _ROW,
@@ -509,7 +520,7 @@ def _culprit_band(rank: int, v: Verdict, spans_: list[Span], samples: list[tuple
                f"since its last call, until the verdict")
         out.append(f'<rect x="{x(since):.2f}" y="{y}" width="{max(x(t_end) - x(since), 0.5):.2f}" height="{_ROW - 2}" '
                    f'fill="{_SAT}" class="sat"><title>{_e(tip)}</title></rect>')
-        over.append(f'<text x="3" y="{y - 1}" fill="#8a5a00" class="sat-label" font-size="10" '
+        over.append(f'<text x="3" y="{y + _ROW - 4}" fill="#5a3a00" class="sat-label" font-size="9" '
                     f'transform="translate({x(since):.2f},0)" data-x="{x(since):.2f}">sat in {_e(where)}</text>')
     for t, thread, frames in samples:
         tip = f"rank {rank}: stack sample at {(t - start) / 1e9:.2f} s ({thread})\n" + "\n".join(frames[:12])
@@ -538,10 +549,15 @@ def _findings(v: Verdict) -> str:
     items = []
     for f in findings:
         ev = []
-        for e in f.evidence[:8]:
-            where = (e.file or e.source) + (f":{e.line}" if e.line is not None else "")
-            rank = f"rank {e.rank}: " if e.rank is not None else ""
-            ev.append(f'<li class="ev">{_e(rank + plain(e.detail))} <code>[{_e(e.source)} {_e(where)}]</code></li>')
+        shown, left = evidence_lines(f, v.culprit_ranks)  # the terminal's lines: the culprit's always, the cut said
+        for ln in shown:
+            who = ("rank " if len(ln.ranks) == 1 else "ranks ") + compact_ranks(ln.ranks) + ": " if ln.ranks else ""
+            where = (ln.places[0] if ln.places else "") + (f" and {len(ln.places) - 1} more" if len(ln.places) > 1
+                                                            else "")
+            ev.append(f'<li class="ev">{_e(who + plain(ln.detail))} <code>[{_e(ln.source)} {_e(where)}]</code></li>')
+        if left:
+            ev.append(f'<li class="ev">... and {left} more evidence line{"s" if left != 1 else ""} (verdict.json has '
+                      "every one)</li>")
         items.append(f"<li><b>[{_e(f.kind)}]</b> {_e(plain(f.summary))} (confidence {f.confidence:.1f})"
                      f"<ul>{''.join(ev)}</ul></li>")
     return f"<h2>Evidence</h2><ul>{''.join(items)}</ul>"
