@@ -457,7 +457,11 @@ def attach(pids: tuple[int, ...], out_base: Path, as_json: bool) -> None:
     if missing:
         _err(f"no such process: {', '.join(map(str, missing))}")
         sys.exit(EXIT_USAGE)
-    res = attach_mod.attach(list(pids), out_base)
+    try:
+        res = attach_mod.attach(list(pids), out_base)
+    except attach_mod.NothingToRead as e:
+        _err(str(e))
+        sys.exit(EXIT_USAGE)
     for problem in res.problems:
         _err(problem)
     verdict = _refresh(res.run_dir).verdict

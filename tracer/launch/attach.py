@@ -16,7 +16,11 @@ from ranktrace.tracer.watch import burst
 from ranktrace.tracer.launch import hostinfo
 from ranktrace.tracer.launch import meta, pidident
 
-__all__ = ["AttachResult", "descendants", "rank_of", "attach"]
+__all__ = ["AttachResult", "NothingToRead", "descendants", "rank_of", "attach"]
+
+
+class NothingToRead(Exception):
+    """None of the processes given (or below them) is one `trace attach` can read: said before anything is made."""
 
 
 @dataclass
@@ -108,9 +112,40 @@ def _is_python(pid: int) -> bool:
     return "python" in os.path.basename(exe)
 
 
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip() or "?"
+    except OSError:
+        return "?"
+
+
+def _listed(pids: list[int], limit: int = 4) -> str:
+    shown = ", ".join(f"{_comm(p)} {p}" for p in pids[:limit])
+    return shown + (f" and {len(pids) - limit} more" if len(pids) > limit else "")
+
+
 def attach(pids: list[int], out_base: Path = Path("traces")) -> AttachResult:
-    """Discover, burst, and write a self-describing trace dir for the analyzers."""
-    procs = [p for p in descendants(pids) if _is_python(p)]
+    """Discover, burst, and write a self-describing trace dir for the analyzers. NothingToRead when no Python
+    process is among the pids and their descendants (a shell's own pid: its only Python child is this command)."""
+    ours = set(descendants([os.getpid()]))  # this trace attach and what it starts (py-spy): never read as the job
+    found = [p for p in descendants(pids) if p not in ours]
+    procs = [p for p in found if _is_python(p)]
+    others = [p for p in found if p not in procs]
+    said = []
+    if any(p in ours for p in pids):
+        said.append(f"pid {os.getpid()} is this trace attach itself: left out")
+    if not procs:
+        what = f"{_listed(others)}: not Python" if others else "none of them runs"
+        if any(p in ours for p in descendants(pids)):
+            what += "; the only Python one is this trace attach"
+        raise NothingToRead(
+            f"nothing to read: no Python process among pid(s) {', '.join(map(str, pids))} and their descendants "
+            f"({what}). trace attach reads Python stacks (py-spy) and /proc of a job's Python processes; nothing "
+            f"was captured")
+    if others:
+        said.append(f"not read: {len(others)} process(es) that are not Python ({_listed(others)}); their stacks "
+                    f"and ranks are not in the verdict")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = out_base / f"{stamp}-attach"
     n = 1
@@ -150,4 +185,4 @@ def attach(pids: list[int], out_base: Path = Path("traces")) -> AttachResult:
     m.update(attached=True, pids={str(p): v for p, v in info.items()})
     meta.write_meta(host_dir, m)
     res = burst.capture_burst(host_dir, procs, reason="trace attach")
-    return AttachResult(run_dir, host_dir, info, notes + list(res.problems))
+    return AttachResult(run_dir, host_dir, info, said + notes + list(res.problems))
