@@ -69,7 +69,8 @@ def rows_per_rank(host_dirs: list[Path]) -> int:
     for hd in host_dirs:
         try:
             rings = sum(1 for _ in (hd / "rings").glob("*.ring")) if (hd / "rings").is_dir() else 0
-            procs += rings or len(json.loads((hd / "meta.json").read_text()).get("pids") or {})
+            pids = None if rings else json.loads((hd / "meta.json").read_text()).get("pids")
+            procs += rings or (len(pids) if isinstance(pids, dict) else 0)   # (a damaged meta.json: none)
         except (OSError, ValueError, AttributeError):
             pass
     return max(MIN_ROWS, min(MAX_ROWS, ROW_BUDGET // max(1, procs)))
