@@ -7,8 +7,10 @@ need many runs: combinations, rejected spellings, the ready line, the time budge
 """
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -156,6 +158,10 @@ def test_bisect_finds_the_p2p_knob_from_the_catalogue_within_the_budget(bisected
     assert "send" in doc["compare"]["summary"] and (root / "compare.txt").exists()
     page = (root / "report.html").read_text()
     assert 'class="bisect"' in page and "NCCL_P2P_DISABLE=1" in page and "HANG · missing_ranks" in page
+    # the headline is the answer, not the hung run's verdict (which comes under it)
+    h1 = re.search(r"<h1>([^<]*)</h1>", page)
+    assert h1 and h1.group(1) == "trace bisect: " + html.escape(doc["answer"]), page[:2000]
+    assert re.search(r'<h2 class="(hang|crashed)">The best hung run: HANG · missing_ranks</h2>', page)
     assert (root / "bisect.txt").read_text().startswith("trace bisect · ")
     assert leftovers(str(tmp_path)) == []
 

@@ -395,6 +395,7 @@ def _timeline(result: Analysis, v: Verdict) -> str:
     labels: list[str] = []      # the rank column: fixed
     y = _TOP
     hang_from = end
+    open_from = [end, end]  # earliest open call: [a call, a phase / set-up step] (a start-up hang is inside both)
     for ln in lanes:
         rank = ln.rank
         spans_, bands = drawn[ln.rank]
@@ -422,8 +423,11 @@ def _timeline(result: Analysis, v: Verdict) -> str:
             colour = _OPEN if sp.open else _ERROR if sp.error else _COLOURS.get(sp.category or "", "#999")
             hung = _is_hung_op(sp, v)
             stroke = ' stroke="#000" stroke-width="1.5" vector-effect="non-scaling-stroke"' if hung else ""
-            if hung or sp.open:  # "the hang" button: from the first call of the verdict's op, or left open
+            if hung:  # "the hang" button: from the first call of the verdict's op ...
                 hang_from = min(hang_from, sp.start)
+            elif sp.open:  # ... else from the first call left open that is not a phase or set-up step around it
+                key = 0 if sp.category in ("collective", "p2p", "sync", "user") else 1
+                open_from[key] = min(open_from[key], sp.start)
             if sp.open:
                 waited = ((t_verdict or end) - sp.start) / 1e9
                 dur = f"never returned (open {waited:.1f} s when the verdict was made)"
@@ -472,6 +476,8 @@ def _timeline(result: Analysis, v: Verdict) -> str:
                      f'text-anchor="{"start" if i == 0 else "end" if i == 5 else "middle"}">{(t - start) / 1e9:.2f} s'
                      "</text>")
     total_s = span_ns / 1e9
+    if hang_from >= end:
+        hang_from = open_from[0] if open_from[0] < end else open_from[1]
     h0 = max(0.0, (hang_from - start) / 1e9 - 0.1 * max((end - hang_from) / 1e9, 0.5)) if hang_from < end else 0.0
     legend = "".join(f'<span><i class="sw" style="background:{c}"></i>{_e(k)}</span>' for k, c in _COLOURS.items())
     clock_txt = "wall clock" if clock == "wall_ns" else "monotonic clock of one host"
@@ -579,10 +585,17 @@ def render(result: Analysis, bisect: Mapping[str, Any] | None = None) -> str:
                     for e in v.wait_for)
     inputs = "".join(f"<li><code>{_e(i)}</code></li>" for i in v.inputs)
     title = f"{v.status.upper()} · {v.kind}"
+    if bisect:  # the page of a trace bisect: its answer is the headline, the hung run's verdict comes under it
+        answer = str(bisect.get("answer") or bisect.get("status") or "trace bisect")
+        head = (f'<title>ranktrace bisect: {_e(answer)}</title>', f'<h1>trace bisect: {_e(answer)}</h1>'
+                f'<h2 class="{_e(v.status)}">The best hung run: {_e(title)}</h2><p>{_e(plain(v.summary))}</p>')
+    else:
+        head = (f"<title>ranktrace: {_e(title)}</title>",
+                f'<h1 class="{_e(v.status)}">{_e(title)}</h1><p>{_e(plain(v.summary))}</p>')
     return "".join([
-        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>ranktrace: {_e(title)}</title>',
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8">{head[0]}',
         f"<style>{_STYLE}</style></head><body>",
-        f'<h1 class="{_e(v.status)}">{_e(title)}</h1><p>{_e(plain(v.summary))}</p>',
+        head[1],
         _run_header(result),
         "<p>" + "<br>".join(facts) + "</p>" if facts else "",
         bisect_html.section(bisect) if bisect else "",
