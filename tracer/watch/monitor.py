@@ -1,11 +1,17 @@
 """The watchdog inside `trace run`: notices silence, captures evidence, prints a verdict while the job is hung.
 
 Progress, not utilisation: new ring records, storage I/O, major faults, RSS and GPU memory growth, the process set,
-and (once those are quiet) stacks that move. The same reads are kept as samples/*.arrow; nothing is read twice.
+the job's other processes at work (a compiler child, in the process tree, whatever its session: watch/activity.py),
+file offsets that move (a load from the page cache), new lines of output, and (once those are quiet) stacks that
+move. How long a silence must last is watch/threshold.py's: adaptive by default (a short path when every rank is
+parked in a known wait), --hang-after / --startup-hang-after as fixed overrides. Silence is measured on the
+monotonic clock, and a stretch the watchdog itself did not run (the machine paused, suspended or starved it) is
+not silence. The same reads are kept as samples/*.arrow; nothing is read twice.
 """
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -14,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ranktrace.analyzers.verdict import compact_ranks
 from ranktrace.tracer.watch import burst
+from ranktrace.tracer.watch.activity import BusyChild, JobActivity, child_text
+from ranktrace.tracer.watch.threshold import Cadence, RankView, Threshold, decide
 from ranktrace.tracer.formats import ringformat
 
 if TYPE_CHECKING:
@@ -38,8 +46,9 @@ def _env_ras() -> str | None:
 
 @dataclass(frozen=True)
 class MonitorOptions:
-    hang_after: float = 60.0
-    startup_hang_after: float = 600.0
+    #: fixed silence thresholds (after / before the ranks joined their process group); None: adaptive (threshold.py)
+    hang_after: float | None = None
+    startup_hang_after: float | None = None
     on_hang: str = "report"          # report | kill | wait
     interval: float = 1.0            # cheap signals and the /proc sample
     stack_interval: float = 3.0      # fastest stack sampling, while quiet
@@ -104,7 +113,12 @@ class _State:
     last_flush: float = 0.0
     reported: str | None = None     # the picture last reported (report again only when it changes)
     hang_reported_at: float | None = None
-    group_cpu: dict[int, tuple[int, int]] = field(default_factory=dict)  # pid -> (cpu ticks, storage io): no ring
+    last_tick: float | None = None  # when the previous tick ended (a longer gap: the watchdog itself was paused)
+    cadence: Cadence = field(default_factory=Cadence)
+    #: pid -> (main thread's host state, in a timed sleep, when sampled): the stack half of "parked"
+    main_wait: dict[int, tuple[str, bool, float]] = field(default_factory=dict)
+    rank_cpu: dict[int, list[float]] = field(default_factory=dict)   # ring pid -> its CPU share, last looks
+    busy_child: BusyChild | None = None
 
 
 class Monitor:
@@ -150,6 +164,7 @@ class Monitor:
             except OSError as e:
                 self._fail("samples", e)
         self.procs = ProcSampler(self.proc_log)
+        self.activity = JobActivity(None, log_path=host_dir / "output.log")
         self.stack_sampler = StackSampler(self.stack_log)
         self.gpu: Any = None
         if opts.gpu:
@@ -180,18 +195,31 @@ class Monitor:
         """pid -> rank from the rings' identity records (None until the rank is known)."""
         return {t.pid: t.rank for t in self.tails.values() if t.pid}
 
-    def _cheap_progress(self) -> bool:
+    def _cheap_progress(self) -> list[tuple[str, str]]:
+        """What moved since the last tick, as (class, words): ``ring`` (new op or phase records of a live rank),
+        ``exit`` (a rank's exit mark), ``procs`` (the process set), ``io`` (storage I/O, faults, RSS), ``busy`` (the
+        job's other processes, files, output: watch/activity.py)."""
         from ranktrace.tracer.watch.proc_sampler import ProcSampler
         from ranktrace.tracer.watch.ring_tail import RingTail
 
-        moved = False
+        moved: list[tuple[str, str]] = []
         st = self.state
+        now = self.clock()
         for ring in (self.host_dir / "rings").glob("*.ring"):
             tail = self.tails.get(ring)
             if tail is None:
                 tail = self.tails[ring] = RingTail(ring)
+            was_exited, seqs, phase = tail.exited, dict(tail.group_seq), tail.phase
             if tail.update():
-                moved = True
+                if tail.exited and not was_exited:
+                    moved.append(("exit", f"{self._who(tail)} exited"))
+                else:
+                    grew = [f"{g} seq {q}" for g, q in tail.group_seq.items() if seqs.get(g) != q]
+                    moved.append(("ring", f"{self._who(tail)} " + (
+                        "issued " + ", ".join(f"group {x}" for x in grew[:2]) if grew else
+                        f"entered {tail.phase}" if tail.phase != phase else "recorded new calls")))
+                    if tail.rank is not None:
+                        st.cadence.moved(tail.rank, tail.phase or "", now)
             if tail.newest > 0:
                 st.saw_collective = True
         pids = self.pids()
@@ -206,38 +234,42 @@ class Monitor:
         for pid, c in counters.items():
             seen[pid] = (c.io, c.majflt, c.rss_pages)
             old = st.procs.get(pid)
-            if old is None or c.io != old[0] or c.majflt != old[1] or c.rss_pages > old[2] + 256:  # RSS +1 MiB
-                moved = True
+            if old is None:
+                continue
+            if c.io != old[0] or c.majflt != old[1] or c.rss_pages > old[2] + 256:  # RSS +1 MiB
+                moved.append(("io", f"storage I/O, page faults or memory growth of pid {pid}"))
         if set(seen) != set(st.procs):
-            moved = True  # a process started or ended
+            moved.append(("procs", "a process started or ended"))
         st.procs = seen
-        if self.job_pgid is not None and self._group_busy(set(pids)):
-            moved = True
+        try:
+            act = self.activity.look(now, set(pids), quiet_s=now - st.last_progress,
+                                     skip_dirs=(str(self.host_dir.resolve()),))
+        except Exception as e:  # never a reason to stop watching
+            self._fail("activity", e)
+        else:
+            st.busy_child = act.busy_child
+            moved.extend(("busy", m) for m in act.moved)
+            for pid, share in act.rank_share.items():
+                st.rank_cpu[pid] = (st.rank_cpu.get(pid, []) + [share])[-3:]
+            for pid in [p for p in st.rank_cpu if p not in act.rank_share]:
+                del st.rank_cpu[pid]
         return moved
 
-    def _group_busy(self, ring_pids: set[int]) -> bool:
-        """The job's processes that write no ring (a JIT build's compiler, a download helper): CPU above a third of a
-        core since the last tick, or storage I/O, is the job's progress. Idle helpers and pollers stay below it."""
-        from ranktrace.tracer.watch.proc_sampler import group_usage
+    @staticmethod
+    def _who(tail: Any) -> str:
+        return f"rank {tail.rank}" if tail.rank is not None else f"pid {tail.pid}"
 
-        try:
-            now = group_usage(self.job_pgid, ring_pids)  # type: ignore[arg-type]
-        except OSError:
-            return False
-        old, self.state.group_cpu = self.state.group_cpu, now
-        ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-        cpu = sum(c - old[pid][0] for pid, (c, _io) in now.items() if pid in old)
-        io = any(io != old[pid][1] for pid, (_c, io) in now.items() if pid in old)
-        return io or cpu >= ticks * self.opts.interval / 3
-
-    def _gpu_tick(self, now: float) -> bool:
-        """Collect GPU answers (never waits), ask for the next one when due; True when a process's GPU memory grew."""
+    def _gpu_tick(self, now: float) -> list[tuple[str, str]]:
+        """Collect GPU answers (never waits), ask for the next one when due. Moved: a process's GPU memory grew, or a
+        GPU is at work while no rank is inside a collective (a kernel that spins in a hung collective reads 100% too,
+        so utilisation counts only outside one)."""
         if self.gpu is None or "gpu" in self.off:
-            return False
-        moved = False
+            return []
+        moved: list[tuple[str, str]] = []
         try:
             rows = self.gpu.poll()
             ranks = self.ranks()
+            in_op = any(t.open_ops for t in self.tails.values() if not t.exited)
             for r in rows:
                 if r.get("pid") is not None:
                     r["rank"] = ranks.get(r["pid"])
@@ -245,8 +277,10 @@ class Monitor:
                     key = (r.get("gpu"), r["pid"])
                     old = self.state.gpu_mem.get(key)
                     if old is not None and r["mem_used"] > old + (64 << 20):
-                        moved = True
+                        moved.append(("gpu", f"GPU memory of pid {r['pid']} grew"))
                     self.state.gpu_mem[key] = r["mem_used"]
+                elif r.get("kind") == "device" and not in_op and (r.get("util_gpu") or 0) >= 20 and self.tails:
+                    moved.append(("gpu", f"GPU {r.get('gpu')} at {r.get('util_gpu')}%"))
                 if self.gpu_log is not None:
                     self.gpu_log.add(r)
             if now - self.state.last_gpu_request >= self.opts.gpu_every and self.gpu.active:
@@ -258,7 +292,7 @@ class Monitor:
         return moved
 
     def _quiet_stack_interval(self) -> float:
-        return max(self.opts.stack_interval, min(self.opts.stack_every, self.threshold() / 8))
+        return max(self.opts.stack_interval, min(self.opts.stack_every, self.threshold().seconds / 8))
 
     def sample_stacks(self, trigger: str) -> dict[int, Any]:
         """One non-blocking py-spy round over every rank, recorded in stacks.arrow; {} without py-spy."""
@@ -297,7 +331,7 @@ class Monitor:
         thread of `pid` has been inside for --hang-after or longer. Such a thread waits for its peers whatever its
         CPU does: vLLM's CPU all-reduce (torch.ops._C.shm_allreduce) and custom all-reduce on GPUs busy-wait inside
         the call."""
-        before = time.monotonic() - self.opts.hang_after
+        before = time.monotonic() - self.threshold().seconds
         out: dict[int, str] = {}
         for t in self.tails.values():
             if t.pid == pid:
@@ -315,12 +349,15 @@ class Monitor:
                 continue
             spinning_in = self.waiting_in_op(pid)
             sig = []
+            main: tuple[str, bool] | None = None
             for t in d.threads:
                 name = t.get("thread_name") or ""
                 frames = tuple(f"{f.get('name')} ({f.get('filename')}:{f.get('line')})" for f in t.get("frames", []))
                 if hoststate.is_poller(name, frames):
                     continue
                 state = hoststate.classify(frames, "active" if t.get("active") else "idle")
+                if main is None or name == "MainThread":  # the main thread's wait is the rank's (else the first)
+                    main = (state, _timed_sleep(pid, frames))
                 # signature = (thread, state, the application's own frame): a poll loop inside a library (the
                 # store barrier in init, an event loop) jitters in line numbers but keeps all three
                 sig.append((name, state, hoststate.application_frame(frames)))
@@ -331,6 +368,8 @@ class Monitor:
                 if t.get("active") and state == "running" and not spins:
                     moved = True
             key = tuple(sig)
+            if main is not None:
+                self.state.main_wait[pid] = (main[0], main[1], self.clock())
             prev = self.state.stacks.get(pid)
             # a change counts only against a sample taken within this quiet spell: a change since a sample from
             # before the last progress is that same, already counted, progress (periodic samples predate it)
@@ -393,60 +432,163 @@ class Monitor:
         phase = phases.most_common(1)[0][0] if phases else "starting"
         if len(phases) > 1:
             phase += " (" + ", ".join(f"{n} {p}" for p, n in phases.most_common()[1:3]) + ")"
+        if self.state.busy_child is not None and self.state.hang_reported_at is None:
+            phase += ", " + child_text(self.state.busy_child)   # "JIT build in a child (ptxas, 40 s)", not silence
         if self.state.hang_reported_at is not None:
             phase += ", hang reported"
+            if self.decided is not None:  # what decided it, and after how long
+                phase += f" ({self.decided[0].path} path, after {self.decided[1]:.0f} s)"
         return statusline.format_status(alive, len(ranked), world, groups, self.silent_for(), phase, width)
 
     # --- the loop ----------------------------------------------------------------------------------------
     #: why hang detection is paused (the job took the terminal: a debugger prompt waits for a person), or None
     interactive: str | None = None
-    #: the job's process group (set by the launcher): CPU its processes without a ring burn is progress
-    job_pgid: int | None = None
     #: the status of the last verdict the watchdog computed (None: none yet, or the analysis failed)
     last_status: str | None = None
 
     def silent_for(self) -> float:
         return self.clock() - self.state.last_progress
 
-    def threshold(self) -> float:
-        """--hang-after once a collective ran, or while some rank is parked in a known wait (init_process_group, a
-        communicator's set-up or registration step): a wait with no progress is no slow start-up. Else the start-up
-        window (weights may load for minutes)."""
-        if self.state.saw_collective or self.parked():
-            return self.opts.hang_after
-        return self.opts.startup_hang_after
+    @property
+    def job_pgid(self) -> int | None:
+        """The job's process group (set by the launcher): the job's other processes (a JIT build's compiler) at work
+        are its progress; their tree is followed from the job and from every rank, whatever their session."""
+        return self.activity.job_pid
 
-    def parked(self) -> bool:
-        return any((t.in_init or t.open_steps) and not t.exited for t in self.tails.values())
+    @job_pgid.setter
+    def job_pgid(self, pgid: int | None) -> None:
+        self.activity.job_pid = pgid
+
+    #: the main thread's host states (hoststate.classify) that are a wait nobody inside the job ends by itself
+    _PARKED_STATES = {"in_init": "a set-up step", "in_collective": "a collective", "blocked_other": "a lock or queue "
+                      "wait", "stopped": "stopped"}
+
+    def rank_views(self) -> tuple[list[RankView], int | None]:
+        """Each known rank now (parked in what, asleep, CPU, joined) and the world size the rings say.
+
+        A rank that has not joined yet writes a ring with no group (its rank from RANK, or none yet under
+        mp.spawn): where no process that joined claims that rank, it stands for it; processes of the job that say no
+        rank stand for the ranks no ring names when they are exactly as many (siblings of the ranks that joined, not
+        yet in init_process_group). This only decides how long to wait: blame is the analysis's."""
+        joined: dict[int, RankView] = {}
+        waiting: dict[int, RankView] = {}
+        unranked: list[tuple[int | None, RankView]] = []   # (parent pid, view)
+        parents: set[int | None] = set()
+        world = None
+        for t in self.tails.values():
+            world = max(world or 0, t.world or 0) or None
+            v = self._view_of(t)
+            if t.rank is None:
+                if v.parked != "exited":
+                    unranked.append((_parent(t.pid), v))
+            elif t.group_desc or t.in_init or t.newest or t.open_steps:
+                old = joined.get(t.rank)
+                if old is None or (old.parked == "exited" and v.parked != "exited"):
+                    joined[t.rank] = v
+                    parents.add(_parent(t.pid))
+            elif v.parked != "exited":
+                waiting.setdefault(t.rank, v)
+        by_rank = {**{r: v for r, v in waiting.items() if r not in joined}, **joined}
+        siblings = [v for ppid, v in unranked if ppid is not None and ppid in parents]
+        if world and siblings:
+            missing = [r for r in range(world) if r not in by_rank]
+            if len(missing) == len(siblings):
+                for r, v in zip(missing, siblings):
+                    by_rank[r] = RankView(r, v.parked, v.asleep, v.cpu_share, False, v.phase)
+        return sorted(by_rank.values(), key=lambda v: v.rank), world
+
+    def _view_of(self, t: Any) -> RankView:
+        st = self.state
+        alive = not t.exited and os.path.exists(f"/proc/{t.pid}")
+        parked: str | None = None
+        asleep = False
+        if not alive:
+            parked = "exited"
+        elif t.open_ops:
+            parked = sorted({v[0] for v in t.open_ops.values()})[0]
+        elif t.in_init or t.open_steps:
+            parked = "init_process_group" if t.in_init else sorted(set(t.open_steps.values()))[0]
+        else:
+            w = st.main_wait.get(t.pid)
+            if w is not None and w[2] >= st.last_progress:  # sampled in this quiet spell
+                asleep = w[1]
+                parked = None if asleep else self._PARKED_STATES.get(w[0])
+        cpu = max(st.rank_cpu.get(t.pid, [0.0])) if alive else 0.0
+        return RankView(t.rank if t.rank is not None else -1, parked, asleep, cpu,
+                        bool(t.group_desc) and not t.in_init, t.phase or "")
+
+    def threshold(self) -> Threshold:
+        """How long this silence may last before it is a hang, and why (watch/threshold.py): fixed when
+        --hang-after / --startup-hang-after were given, else adaptive."""
+        views, world = self.rank_views()
+        return decide(views, world, self.state.cadence, hang_after=self.opts.hang_after,
+                      startup_hang_after=self.opts.startup_hang_after)
+
+    #: a gap between two ticks longer than this: the watchdog itself did not run (suspend, SIGSTOP, a starved
+    #: machine); that stretch is taken out of the silence, since nothing was watched during it
+    PAUSE_S = 5.0
 
     def tick(self) -> None:
         now = self.clock()
         st = self.state
         if now - st.last_sample < self.opts.interval:
             return
+        if st.last_tick is not None and now - st.last_tick > self.PAUSE_S:
+            gap = now - st.last_tick - self.opts.interval
+            st.last_progress += gap       # a pause the watchdog shows is no silence of the job's
+            if gap >= 30:
+                self.log(f"the watchdog did not run for {gap:.0f} s (the machine paused or starved it): "
+                         "not counted as silence")
         st.last_sample = now
-        progressed = self._cheap_progress()
-        progressed = self._gpu_tick(now) or progressed
+        try:
+            self._tick(now)
+        finally:
+            st.last_tick = self.clock()
+
+    def _tick(self, now: float) -> None:
+        st = self.state
+        moved = self._cheap_progress() + self._gpu_tick(now)
         quiet = now - st.last_progress
-        quiet_due = (not progressed and quiet >= min(5.0, self.threshold() / 3)
+        thr = self.threshold()
+        quiet_due = (not moved and quiet >= min(5.0, thr.seconds / 3)
                      and now - st.last_stack_sample >= self._quiet_stack_interval())
         dumps: dict[int, Any] | None = None
         if quiet_due or now - st.last_stack_sample >= self.opts.stack_every:
             st.last_stack_sample = now
             dumps = self.sample_stacks("quiet" if quiet_due else "periodic")
-            progressed = self._stack_progress(dumps) or progressed
+            if self._stack_progress(dumps):
+                moved.append(("stack", "a rank's stack moved"))
+            thr = self.threshold()  # the stacks may say every rank is parked now
         if now - st.last_flush >= self.opts.flush_every:
             st.last_flush = now
             self.flush()
-        if progressed:
-            if st.hang_reported_at is not None:
-                self.log(f"progress again after {now - st.hang_reported_at:.0f} s: the job moved on")
+        if st.hang_reported_at is not None:
+            self._after_report(now, moved)
+            return
+        if moved:
+            st.last_progress = now
+            return
+        if quiet >= thr.seconds and self.interactive is None:
+            st.hang_reported_at = now
+            self.decided = (thr, quiet)
+            self.on_silence(quiet, dumps=dumps)
+
+    def _after_report(self, now: float, moved: list[tuple[str, str]]) -> None:
+        """After a hang was reported: only a live rank's new records say the job moved on (a process ending, a kill's
+        teardown, an error record, I/O or a core dump being written are not progress); never once --on-hang kill
+        was asked for — the job is being ended."""
+        st = self.state
+        if self.kill_requested:
+            return
+        ring = [w for c, w in moved if c == "ring"]
+        if ring:
+            assert st.hang_reported_at is not None
+            self.log(f"progress again after {now - st.hang_reported_at:.0f} s: " + "; ".join(ring[:3]))
             st.last_progress = now
             st.hang_reported_at = None
-            return
-        if quiet >= self.threshold() and st.hang_reported_at is None and self.interactive is None:
-            st.hang_reported_at = now
-            self.on_silence(quiet, dumps=dumps)
+
+    #: (the threshold that decided, the silence it waited) of the last hang the watchdog reported
+    decided: tuple[Threshold, float] | None = None
 
     def on_silence(self, quiet: float, reason: str = "silence", dumps: dict[int, Any] | None = None) -> None:
         """Burst (reusing this tick's stack dumps), NCCL RAS, early line, full verdict; then act per on_hang."""
@@ -473,6 +615,7 @@ class Monitor:
                 capture(f"{reason} after {quiet:.0f} s")
             except Exception as e:  # an extra capture must never stop the verdict or --on-hang
                 self.log(f"capture failed: {type(e).__name__}: {e}")
+        self.flush()  # the samples of the last seconds (the host-wait probe's lock / wait rows) reach this analysis
         picture = self.analyze(quiet)
         if self.last_status == "idle":
             # a server waiting for requests (the verdict says IDLE: nothing pending, ranks in their serving loop) is
@@ -527,6 +670,10 @@ class Monitor:
             self.log(f"analysis failed: {type(e).__name__}: {e}")
             return None
         line = inside_line(refreshed.analysis)
+        if self.decided is not None and self.decided[1] == quiet:
+            thr = self.decided[0]
+            self.log(f"hang suspected after {quiet:.0f} s with no progress ({thr.path} threshold {thr.seconds:.0f} s: "
+                     f"{thr.why})")
         self.log(f"{quiet:.0f} s silent: {line}" if line else f"{quiet:.0f} s silent")
         if refreshed.problem:  # disk full, run dir removed: said; the verdict is still printed and acted on
             self.log(refreshed.problem)
@@ -543,6 +690,37 @@ class Monitor:
             except Exception as e:  # the verdict is on disk; a report bug must not stop --on-hang
                 self.log(f"report failed: {type(e).__name__}: {e}")
         return picture
+
+
+#: a function that sleeps in order to wait for something (a lock's poll: FileBaton.wait, filelock's acquire)
+_WAITS_BY_SLEEPING = re.compile(r"^(?:\w+\.)*(?:wait\w*|acquire\w*|\w*lock\w*|barrier|join|get|poll\w*|recv\w*)$")
+
+
+def _timed_sleep(pid: int, frames: tuple[str, ...]) -> bool:
+    """The process's main thread sleeps for a time (nanosleep: time.sleep) in code of its own, not in a poll loop of a
+    wait (FileBaton.wait sleeps between its looks at the lock): a sleep ends by itself."""
+    try:
+        with open(f"/proc/{pid}/wchan", "rb") as f:
+            wchan = f.read().decode("ascii", "replace")
+    except OSError:
+        return False
+    if "nanosleep" not in wchan:
+        return False
+    for fr in frames[:2]:
+        name = fr.split(" (", 1)[0]
+        if name != "sleep" and _WAITS_BY_SLEEPING.match(name):
+            return False
+    return True
+
+
+def _parent(pid: int) -> int | None:
+    """The parent pid of a live process (None when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+        return int(raw[raw.rindex(b")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def inside_line(analysis: Analysis) -> str:
