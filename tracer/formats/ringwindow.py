@@ -27,7 +27,6 @@ __all__ = ["RingWindow", "open_window", "MARGIN", "SLACK"]
 MARGIN = 256   # records read before the window: the enters of ops the window starts in the middle of
 SLACK = 64     # slots read past the index's newest record: records committed, their index store not yet made
 _META_CHUNK = 4096   # the first read of the meta region; each next one twice the last
-_ENTER, _END, _COMPLETE = 0, 1, 2   # value columns of an entry (after its key)
 
 
 class RingWindow:
