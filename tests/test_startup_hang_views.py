@@ -32,3 +32,19 @@ def test_a_startup_hang_page_zooms_to_the_hang_and_names_its_bars():
     ev = text[text.index("evidence:"):text.index("next steps:")]
     assert "rank 3: " in ev and "_get_graph_buffer_ipc_meta" in ev
     assert max(len(ln) for ln in text.splitlines()) <= 100
+
+
+def test_compare_and_perfetto_say_host_states_in_words():
+    """verdict.json keeps `blocked_other`; what a person reads (compare's text and page, Perfetto's metadata) says
+    "blocked outside communication"."""
+    import json
+
+    from ranktrace.analyzers import compare
+    from ranktrace.analyzers.report import compare_html, compare_text, perfetto_report
+
+    assert "(blocked_other)" in json.loads((RUN / "verdict.json").read_text())["summary"]
+    c = compare.compare_paths(RUN, RUN, liveness=None)
+    for page in (compare_text.render(c), compare_html.render(c)):
+        assert "blocked_other" not in page and "blocked outside communication" in page
+    doc = json.loads(perfetto_report.render(api.analyze([RUN], liveness=None)))
+    assert "blocked_other" not in doc["metadata"]["verdict"] and "blocked outside" in doc["metadata"]["verdict"]

@@ -7,6 +7,7 @@ import html
 from typing import Any, Iterable
 
 from ranktrace.analyzers.model.values import Comparison, FactDiff
+from ranktrace.analyzers.report.words import plain
 from ranktrace.analyzers.verdict import Verdict
 
 __all__ = ["render", "EXTENSION", "BINARY"]
@@ -67,7 +68,7 @@ def _verdict(name: str, path: str, v: Verdict | None) -> str:
     if v.waiting_ranks:
         extra.append(f"waiting ranks: {_e(', '.join(map(str, v.waiting_ranks)))}")
     return (f'<div class="card"><b>{name}</b> <span class="muted">{_e(path)}</span><br>'
-            f'<span class="{cls}">{_e(v.status.upper())} · {_e(v.kind)}</span><br>{_e(v.summary)}'
+            f'<span class="{cls}">{_e(v.status.upper())} · {_e(v.kind)}</span><br>{_e(plain(v.summary))}'
             + "".join(f"<br>{x}" for x in extra) + "</div>")
 
 

@@ -3,6 +3,7 @@ what NCCL decided, outcome, where B departed from A, timings."""
 from __future__ import annotations
 
 from ranktrace.analyzers.model.values import Comparison, DecisionDiff, FactDiff
+from ranktrace.analyzers.report.words import plain
 
 __all__ = ["render", "EXTENSION", "BINARY"]
 
@@ -84,7 +85,7 @@ def render(c: Comparison) -> str:
 
     lines.append("3. outcome")
     for name, v in (("A", c.verdict_a), ("B", c.verdict_b)):
-        lines.append(f"  {name}  " + (f"{v.status.upper()} · {v.kind}: {v.summary}" if v else "-"))
+        lines.append(f"  {name}  " + (f"{v.status.upper()} · {v.kind}: {plain(v.summary)}" if v else "-"))
     lines.append("")
 
     lines.append("4. where B departed from A")

@@ -90,7 +90,7 @@ def render(result: Analysis, samples: Mapping[str, pa.Table] | None = None) -> s
     ev = result.events
     ranked = ev.filter(pc.and_(pc.is_valid(ev["rank"]), pc.is_valid(ev[clock]))) if ev.num_rows else ev
     if ranked.num_rows == 0 and spans.num_rows == 0:
-        return json.dumps({"traceEvents": [], "displayTimeUnit": "ns", "metadata": {"verdict": v.summary}})
+        return json.dumps({"traceEvents": [], "displayTimeUnit": "ns", "metadata": {"verdict": plain(v.summary)}})
     samples = samples or {}
     starts = [pc.min(ranked[clock]).as_py() if ranked.num_rows else None,
               pc.min(spans[start_col]).as_py() if spans.num_rows else None]
@@ -110,7 +110,7 @@ def render(result: Analysis, samples: Mapping[str, pa.Table] | None = None) -> s
         tr.add({"ph": "i", "s": "g", "name": f"verdict: {v.status.upper()} · {v.kind}", "pid": ranks[0] if ranks
                 else 0, "tid": PHASE_TID, "ts": tr.us(t_end), "args": {"summary": plain(v.summary)}})
     return json.dumps({"traceEvents": tr.events, "displayTimeUnit": "ns",
-                       "metadata": {"verdict": v.summary, "status": v.status, "kind": v.kind,
+                       "metadata": {"verdict": plain(v.summary), "status": v.status, "kind": v.kind,
                                     "clock": clock, "as_of_ns": t_end}})
 
 
