@@ -25,8 +25,9 @@ def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict, 
 
     def one(fault: str) -> tuple[str, tuple[dict, subprocess.CompletedProcess[str]]]:
         run_dir = base / fault
-        res = run_trace(["run", "-o", str(run_dir), "--", PY, str(EXAMPLE), "--world", "4", "--steps", "6",
-                         "--fault", fault, "--timeout", "5", "--hang-seconds", "30"], timeout=180)
+        # --keep-rings: the window test below also reads each run from its rings alone
+        res = run_trace(["run", "--keep-rings", "-o", str(run_dir), "--", PY, str(EXAMPLE), "--world", "4", "--steps",
+                         "6", "--fault", fault, "--timeout", "5", "--hang-seconds", "30"], timeout=180)
         return fault, (json.loads((run_dir / "verdict.json").read_text()), res)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
