@@ -8,8 +8,11 @@ or in-process with --inproc for speed) and compared with the truth written from 
             truth names one, and the culprit ranks where the truth names them;
 * files-alone — the same, counted over the cases whose truth a careful engineer gets from the files alone.
 
-Prints right/total overall, by evidence family and by truth kind, and the cases that were wrong with what we said.
-`--json` writes the per-case table; `--min N` exits 1 when fewer than N cases are right (the regression test).
+Prints right/total overall, by evidence family and by truth kind, and the cases that were wrong with what we said;
+then the same per split (case.json "split": a set collected together, e.g. "holdout3", kept apart so that no reader
+change is tuned on it; cases without one are "original"), each with its files-alone count and its families.
+`--json` writes the per-case table; `--min N` exits 1 when fewer than N cases are right (the regression test);
+`--split NAME` scores only that split.
 """
 from __future__ import annotations
 
@@ -40,6 +43,29 @@ def load_cases(root: Path = FIELD) -> list[dict[str, Any]]:
         case["dir"] = case_json.parent
         cases.append(case)
     return cases
+
+
+def split_of(case: dict[str, Any]) -> str:
+    """The set a case was collected in; the first corpus has none."""
+    return str(case.get("split") or "original")
+
+
+class SplitScore:
+    """Right / total, files-alone and per-family counts of one split."""
+
+    def __init__(self) -> None:
+        self.right = self.total = self.alone_right = self.alone_total = 0
+        self.by_family: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+
+    def add(self, case: dict[str, Any], ok: bool) -> None:
+        self.right += ok
+        self.total += 1
+        if case.get("files_alone"):
+            self.alone_total += 1
+            self.alone_right += ok
+        for fam in case.get("families", []) or ["?"]:
+            self.by_family[fam][0] += ok
+            self.by_family[fam][1] += 1
 
 
 def analyze_case(case: dict[str, Any], inproc: bool) -> dict[str, Any]:
@@ -110,12 +136,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the per-case table here")
     ap.add_argument("--min", type=int, default=0, help="exit 1 when fewer cases are right")
     ap.add_argument("-k", help="only cases whose id contains this")
+    ap.add_argument("--split", help="only cases of this split (see the module docstring)")
     ap.add_argument("-v", action="store_true", help="print every case")
     args = ap.parse_args(argv)
-    cases = [c for c in load_cases(args.root) if not args.k or args.k in c["id"]]
+    cases = [c for c in load_cases(args.root) if (not args.k or args.k in c["id"])
+             and (not args.split or split_of(c) == args.split)]
     rows = []
     by_family: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     by_kind: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    splits: dict[str, SplitScore] = defaultdict(SplitScore)
     right = alone_right = alone_total = unscored = 0
     for case in cases:
         v = analyze_case(case, args.inproc)
@@ -124,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             unscored += 1
             continue
         right += ok
+        splits[split_of(case)].add(case, ok)
         if case.get("files_alone"):
             alone_total += 1
             alone_right += ok
@@ -133,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         kind = case["truth"].get("kind") or f"({case['truth'].get('status')})"
         by_kind[kind][0] += ok
         by_kind[kind][1] += 1
-        rows.append({"id": case["id"], "right": ok, "why": why, "status": v.get("status"), "kind": v.get("kind"),
+        rows.append({"id": case["id"], "split": split_of(case), "right": ok, "why": why, "status": v.get("status"), "kind": v.get("kind"),
                      "op": (v.get("operation") or {}).get("name"), "culprits": v.get("culprit_ranks"),
                      "truth": case["truth"]})
         if args.v or not ok:
@@ -148,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     print("by truth kind:")
     for kind, (r, n) in sorted(by_kind.items(), key=lambda kv: -kv[1][1]):
         print(f"  {kind:<26} {r:>3}/{n}")
+    if len(splits) > 1 or args.split:
+        print("by split (right; files alone; by family):")
+        for name, sc in sorted(splits.items()):
+            print(f"  {name:<12} {sc.right:>3}/{sc.total}; files alone {sc.alone_right}/{sc.alone_total}; "
+                  + ", ".join(f"{fam} {r}/{n}" for fam, (r, n) in sorted(sc.by_family.items(), key=lambda kv: -kv[1][1])))
     scored = len(cases) - unscored
     print(f"\nright: {right}/{scored} ({100 * right / max(1, scored):.0f}%); files alone: {alone_right}/{alone_total}"
           + (f"; {unscored} case(s) not scored (truth unknown)" if unscored else ""))
