@@ -159,7 +159,8 @@ def rank_exit(ctx: Model) -> list[Candidate]:
     how = root[0]
     cause = {"signal": f"was killed by signal {how['value']}", "segfault": "crashed (segmentation fault)",
              "oom": "was killed for running out of memory", "exception": "raised an exception",
-             "exit": f"exited with status {how['value']}"}.get(how["name"] or "", "exited")
+             "exit": f"exited with status {how['value']}" if how["value"] is not None else "exited"}.get(
+        how["name"] or "", "exited")
     who = ranks_text(culprits) if culprits else "a rank"
     if assumed_local:
         who = ("local " + who) + " (the global rank, if this is one node)"

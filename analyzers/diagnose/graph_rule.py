@@ -11,7 +11,7 @@ import re
 
 from ranktrace.analyzers.diagnose.candidate import Candidate, ranks_text, stack_evidence
 from ranktrace.analyzers.model.build import Model
-from ranktrace.analyzers.model.vocabulary import CAPTURE_ERROR
+from ranktrace.analyzers.model.vocabulary import CAPTURE_ERROR, CAPTURE_FAILED
 from ranktrace.analyzers.verdict import Evidence, Finding, Operation
 
 __all__ = ["graph_capture"]
@@ -20,6 +20,7 @@ BEGIN = "cuda_graph_capture_begin"
 END = "cuda_graph_capture_end"
 ERROR = "cuda_graph_capture_error"
 _CAPTURE_ERROR = re.compile(CAPTURE_ERROR)
+_CAPTURE_RAISED = re.compile(f"{CAPTURE_ERROR}|{CAPTURE_FAILED}")  # a framework's "capture failed", any cause
 
 
 def graph_capture(ctx: Model) -> list[Candidate]:
@@ -116,7 +117,7 @@ def _capture_errors(ctx: Model) -> list[dict]:
     rows = ev.filter(pc.and_(pc.equal(ev["kind"], "mark"), pc.equal(ev["name"], ERROR))).to_pylist() \
         if ev.num_rows else []
     # the same error raised in a traceback of any program (torch.cuda.graph capture in a training script)
-    rows += [o for o in ctx.observations("exception") if _CAPTURE_ERROR.search(o["detail"] or "")]
+    rows += [o for o in ctx.observations("exception") if _CAPTURE_RAISED.search(o["detail"] or "")]
     out: dict[object, dict] = {}
     for r in rows:
         out.setdefault(r["rank"], r)
@@ -127,8 +128,10 @@ def _failed_capture(ctx: Model, rows: list[dict]) -> list[Candidate]:
     """A CUDA call that capture forbids was made while a stream was capturing: the process raises, inside capture."""
     ranks = tuple(sorted({r["rank"] for r in rows if r["rank"] is not None}))
     who = ranks_text(ranks) if ranks else "a process"
+    forbidden = next((r for r in rows if _CAPTURE_ERROR.search(r["detail"] or "")), None)
     summary = (f"{who} failed inside CUDA graph capture: a CUDA call that capture does not allow (a host sync, a "
-               f"copy or a collective outside the captured stream) — {(rows[0]['detail'] or '')[:160]}")
+               f"copy or a collective outside the captured stream) — {(forbidden['detail'] or '')[:160]}"
+               if forbidden else f"{who} failed inside CUDA graph capture — {(rows[0]['detail'] or '')[:160]}")
     evidence = tuple(Evidence(r["source"] or "server_log", r["file"], r["line"], (r["detail"] or "")[:200], r["rank"])
                      for r in rows[:8])
     steps = ["Relaunch with CUDA graphs off to confirm (vLLM --enforce-eager, SGLang --disable-cuda-graph); then find "

@@ -12,6 +12,7 @@ from ranktrace.analyzers.readers.horovod import signatures as horovod_sig
 from ranktrace.analyzers.readers.lock_wait import signatures as lock_wait_sig
 from ranktrace.analyzers.readers.nccl_tests import signatures as nccl_tests_sig
 from ranktrace.analyzers.readers.progress import signatures as progress_sig
+from ranktrace.analyzers.readers.server_log import statements as server_statements
 from ranktrace.analyzers.readers.ps_top import signatures as ps_top_sig
 from ranktrace.analyzers.readers.stop_signal import signatures as stop_signal_sig
 from ranktrace.analyzers.readers.text import TextDoc
@@ -60,7 +61,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("watchdog", "ranktrace.analyzers.readers.watchdog", _rx(
         r".{0,400}?WorkNCCL\(", r".{0,400}?[Ll]ast enqueued (?:\w+ )?work: -?\d"), needs="NCCL"),
     Family("nccl_log", "ranktrace.analyzers.readers.nccl_log", _rx(
-        r".{0,200}? NCCL (?:INFO|WARN|TRACE|CALL) ", r"NCCL version \d+\.\d+"), needs="NCCL"),
+        r".{0,200}? NCCL (?:INFO|WARN|TRACE|CALL) ", r"NCCL version \d+\.\d+", r"\s{0,8}NCCL WARN "), needs="NCCL"),
     Family("server_log", "ranktrace.analyzers.readers.server_log", _rx(
         r".{0,120}?(?:Init torch distributed (?:begin|ends)|Load weight (?:begin|end)|"
         r"Capture (?:[\w-]+ ){0,3}graph (?:begin|end)|fired up and ready to roll|server_args=ServerArgs\(|"
@@ -73,7 +74,7 @@ FAMILIES: tuple[Family, ...] = (
         r"is assigned as DP rank|(?:Prefill|Decode) batch[.,]|Avg prompt throughput: )",
         r"(?:\[(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?: (?:DP|PP|TP|EP)\d{1,5}){1,4}\] )"
         r"Connecting to (?:tcp|ipc)://",
-        r".{0,120}?\"(?:POST|GET) /v1/\S{0,200} HTTP/\d(?:\.\d)?\" 200\b")),
+        r".{0,120}?\"(?:POST|GET) /v1/\S{0,200} HTTP/\d(?:\.\d)?\" 200\b", *server_statements.CATALOGUE)),
     Family("nvidia_smi", "ranktrace.analyzers.readers.nvidia_smi", _rx(
         r".{0,20}NVIDIA-SMI \S+\s+Driver Version", r"\s*GPU0\s+(?:GPU1|NIC0|mlx5_0|CPU Affinity)",
         r"\s*X\s+= Self", r"\s*NV#\s+= Connection")),

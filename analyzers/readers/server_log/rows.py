@@ -28,6 +28,9 @@ def build(p: LogParser) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str
                 obs.append(dict(common, kind="completion", name="server_ready", detail=h.detail))
             elif h.name == "cuda_graph_capture_error":   # the worker raises it: a crash, inside capture
                 obs.append(dict(common, kind="exception", name="CudaGraphCaptureError", detail=h.detail))
+        elif h.what == "statement":
+            obs.append(dict(common, kind=h.category, name=h.name, value=h.value,
+                            detail=_after_watchdog(p, h) + h.detail))
         elif h.what == "stall":
             obs.append(dict(common, kind="server_stall", name=h.name, value=h.value, detail=h.detail))
         elif h.what == "serve":
@@ -41,6 +44,16 @@ def build(p: LogParser) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str
         obs.append({"pid": pid, "rank": rank, "kind": "server_rank", "value": world, "detail": assigned or None,
                     "source": SOURCE, "file": p.file})
     return events, obs, server_kind(p.hits), world_all
+
+def _after_watchdog(p: LogParser, h: Hit) -> str:
+    """SGLang's scheduler watchdog ends its process through the same SIGQUIT a failure sends: a child-failed line after
+    a watchdog timeout of the same file is that timeout's consequence (said in the detail, so no rule reads it as a
+    cause of its own)."""
+    if h.name != "exit" or "sigquit" not in h.detail:
+        return ""
+    fired = [s for s in p.progress.values() if s.what == "stall" and s.name == "scheduler_watchdog" and s.line < h.line]
+    return f"after the scheduler watchdog timeout of line {min(s.line for s in fired)}: " if fired else ""
+
 
 def _rank(p: LogParser, h: Hit, tp_size: int | None) -> tuple[int | None, int | None]:
     """(rank, world) of a hit, by the rules of the module docstring (numbered as there)."""

@@ -9,6 +9,7 @@ from typing import Iterator, NamedTuple, cast
 
 from ranktrace.analyzers.model.vocabulary import CAPTURE_ERROR
 from ranktrace.analyzers.readers.base import Skipped
+from ranktrace.analyzers.readers.server_log.statements import find_statements
 
 __all__ = ["SOURCE", "PHASE_NAMES", "PHASES", "Phase", "Hit", "LogParser", "ANSI", "LOG_PREFIX", "SNIFF_MARKERS",
            "iter_lines"]
@@ -171,8 +172,27 @@ class LogParser:
         if r and vllm_rank is None and "TP" not in tags:
             vllm_rank = int(r.group(1))
         self._sizes(line)
+        if self._statements(number, message, tags, vllm_rank, pid, wall):
+            return
         if LOG_PREFIX.match(line) or _PROGRESS.search(line):
             self._line_kinds(number, line, message, tags, vllm_rank, pid, wall)
+
+    def _statements(self, number: int, message: str, tags: dict[str, int], vllm_rank: int | None, pid: int | None,
+                    wall: int | None) -> bool:
+        """A server's statement that a process died or raised (:mod:`.statements`), with or without a log prefix:
+        one ``statement`` hit per observation (per rank the statement names)."""
+        found = False
+        for st in find_statements(message):
+            found = self.recognised = True
+            server = st.statement.name.split("_", 1)[0]
+            server = server if server in ("vllm", "sglang") else "any"
+            named: list[int | None] = [*st.ranks] or [None]
+            for r in named:
+                hit_tags = {k: v for k, v in tags.items() if k != "TP"} if r is not None else tags
+                self.hits.append(Hit(number, "statement", st.name, st.kind, st.value,
+                                     _detail(tags, st.detail), hit_tags, r if r is not None else vllm_rank, pid,
+                                     wall, server))
+        return found
 
     def _sizes(self, line: str) -> None:
         if "tp_size=" in line or "tensor_parallel_size=" in line:

@@ -1,0 +1,107 @@
+"""What a server says about its own processes failing, as data: one ``Statement`` per message (a worker died, a
+scheduler raised, a capture failed, a CUDA check failed), the observation it becomes and where its text was read.
+Outcomes, not phases: they count wherever they occur, with or without a log prefix; a statement that names the
+process (``VllmWorker-3``) gives the rank, else the line's own tag does."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterator, NamedTuple
+
+from ranktrace.analyzers.model.vocabulary import CAPTURE_FAILED
+
+__all__ = ["Statement", "STATEMENTS", "StatementHit", "find_statements", "CATALOGUE", "LITERALS"]
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One message: what it means, the OBSERVATIONS row it becomes, and the release / thread it was read from."""
+
+    name: str
+    kind: str                  # OBSERVATIONS kind: rank_exit | transport_error | exception
+    literal: str               # a literal every matching line holds (cheap filter before the pattern)
+    pattern: re.Pattern[str]   # searched in the message; groups: rank / code / what
+    read_from: str
+    exit_status: int | None = None   # the status the message implies when it states none
+
+
+def _s(name: str, kind: str, literal: str, regex: str, read_from: str, exit_status: int | None = None) -> Statement:
+    return Statement(name, kind, literal, re.compile(regex), read_from, exit_status)
+
+
+STATEMENTS: tuple[Statement, ...] = (
+    # vllm/v1/executor/multiproc_executor.py monitor_workers: logger.error("Worker proc %s died unexpectedly, shutting
+    # down executor.", proc.name) with proc.name = f"VllmWorker-{rank}" (0.8 ... 0.11); later releases add
+    # " (exit code: N)" (vllm-project/vllm#56180, vllm-ascend#7742)
+    _s("vllm_worker_died", "rank_exit", "died unexpectedly",
+       r"Worker proc (?:VllmWorker-(?P<rank>\d{1,6})|[\w.-]{1,64}) died unexpectedly"
+       r"(?: \(exit code: (?P<code>-?\d{1,6}|None)\))?",
+       "vLLM v1/executor/multiproc_executor.py (0.8-0.11 and later); vllm-project/vllm#20657, OpenPipe/ART#201"),
+    # sglang/srt/entrypoints/engine.py launch_phase_sigquit_handler: a scheduler / detokenizer sends SIGQUIT to the
+    # main process when it fails (its exception, its watchdog), which then kills the process tree
+    _s("sglang_child_failed", "rank_exit", "Received sigquit from a child proces",
+       r"Received sigquit from a child process?\.",
+       "SGLang srt/entrypoints/engine.py (0.3 ... 0.5); sgl-project/sglang#3752, #8974"),
+    # sglang/srt/managers/scheduler.py run_scheduler_process: logger.error(f"Scheduler hit an exception: {traceback}")
+    # then parent_process.send_signal(SIGQUIT): that scheduler (the line's TP rank) ends
+    _s("sglang_scheduler_exception", "rank_exit", "Scheduler hit an exception",
+       r"Scheduler hit an exception",
+       "SGLang srt/managers/scheduler.py run_scheduler_process (0.3 ... 0.5); sgl-project/sglang#12567"),
+    # the CUDACHECK macro of vLLM csrc/custom_all_reduce.cuh (and sgl-kernel's copy): printf("Failed: Cuda error
+    # %s:%d '%s'\n", ...) then exit(EXIT_FAILURE); older releases print "Failed: %s:%d '%s'" (vllm-project/vllm#5613)
+    # sglang/srt/model_executor/cuda_graph_runner.py: raise Exception(f"Capture cuda graph failed: {e}...") around
+    # the whole capture: the capture raised (whatever `e` is: a gloo timeout, a CUDA error, an OOM)
+    _s("capture_failed", "exception", "raph failed", CAPTURE_FAILED,
+       "SGLang srt/model_executor/cuda_graph_runner.py (0.3 ... 0.5); sgl-project/sglang#4205, #5883, #11957"),
+    _s("cuda_check_failed", "transport_error", "Failed: ",
+       r"Failed: (?:Cuda error )?(?P<file>[\w./-]{0,200}?[\w-]{1,80}\.cuh?):(?P<line>\d{1,6}) '(?P<what>[^']{1,200})'",
+       "vLLM csrc/custom_all_reduce.cuh CUDACHECK; vllm-project/vllm#56180, ai-dynamo/dynamo#787", exit_status=1),
+)
+
+#: literals a line must hold for any statement to be tried (the catalogue's and the parser's cheap filter)
+LITERALS: tuple[str, ...] = tuple(sorted({s.literal for s in STATEMENTS}))
+#: the catalogue's line signatures for these statements (matched with a bounded lead: they sit behind any prefix)
+CATALOGUE: tuple[str, ...] = tuple(r".{0,300}?" + re.sub(r"\(\?P<\w+>", "(?:", s.pattern.pattern) for s in STATEMENTS)
+
+
+class StatementHit(NamedTuple):
+    """One statement found in a line: the observation it becomes (rank None: the line's own tag decides)."""
+
+    statement: Statement
+    kind: str
+    name: str
+    value: int | None
+    ranks: tuple[int, ...]
+    detail: str
+
+
+def find_statements(message: str) -> Iterator[StatementHit]:
+    """The statements in one line's message (usually none: every statement needs its literal first)."""
+    if not any(lit in message for lit in LITERALS):
+        return
+    for st in STATEMENTS:
+        if st.literal not in message:
+            continue
+        m = st.pattern.search(message)
+        if m is None:
+            continue
+        found = m.groupdict()
+        ranks: tuple[int, ...] = (int(found["rank"]),) if found.get("rank") else ()
+        detail = message[m.start():m.start() + 300].strip()
+        if st.kind == "transport_error":
+            yield StatementHit(st, "transport_error", "cuda_error", None, ranks, detail)
+            # the macro ends the process: a rank exit whose cause is this very line
+            yield StatementHit(st, "rank_exit", "exit", st.exit_status, ranks, detail)
+            continue
+        if st.kind == "exception":
+            yield StatementHit(st, "exception", "CudaGraphCaptureError", None, ranks, detail)
+            continue
+        code = found.get("code")
+        if code is not None and code != "None":
+            status = int(code)
+            name, value = ("signal", -status) if status < 0 else ("exit", status)
+        elif st.name == "sglang_scheduler_exception":
+            name, value = "exception", None
+        else:
+            name, value = "exit", st.exit_status
+        yield StatementHit(st, "rank_exit", name, value, ranks, detail)
