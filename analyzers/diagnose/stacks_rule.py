@@ -12,6 +12,7 @@ from typing import Any
 
 from ranktrace.analyzers.diagnose.candidate import Candidate, from_burst, ranks_text, stack_evidence, where
 from ranktrace.analyzers.model.build import Model
+from ranktrace.analyzers.model.comm_frames import op_of_frame
 from ranktrace.analyzers.model.hoststate import TRACER_FRAME
 from ranktrace.analyzers.model.stacks import normalise_frame
 from ranktrace.analyzers.verdict import Finding, Operation, WaitEdge
@@ -39,6 +40,10 @@ def collective_in_stack(frames: tuple[str, ...]) -> tuple[str, str | None] | Non
         m = _NATIVE.search(f)
         if m:
             return _NATIVE_NAMES[m.group(1)], None
+    for f in frames:  # a framework's own communication call (DeepSpeed, TensorRT-LLM, vLLM: model/comm_frames.py)
+        op = op_of_frame(f)
+        if op:
+            return op, None
     return None
 
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ranktrace.analyzers.model.comm_frames import CALL_FRAME_PATTERN, is_progress_thread
+
 __all__ = ["RankStack", "latest_stacks", "unranked_stacks", "classify", "is_poller", "application_frame", "without_tracer",
            "HOST_STATES", "PROC_STATES"]
 
@@ -49,7 +51,8 @@ _RULES: list[tuple[str, re.Pattern[str]]] = [
         # a serving framework's own communicator inside its collective (vLLM's CpuCommunicator / _CPUSHMDistributed
         # .all_reduce -> torch.ops._C.shm_allreduce, CustomAllreduce.custom_all_reduce, PyNcclCommunicator.all_reduce)
         r"\.\w*(?:all_?reduce|all_gather|reduce_scatter|all_to_all)\w* \((?:[\w/.-]*/)?(?:device_communicators|"
-        r"distributed)/")),
+        r"distributed)/|"
+        + CALL_FRAME_PATTERN)),  # the frameworks' and libraries' own communication frames (model/comm_frames.py)
     ("idle_loop", re.compile(r"\b(event_loop\w*|_run_once|serve_forever|run_forever|recv_requests|uvicorn)\b")),
     ("blocked_other", re.compile(
         r"\b(get|put|wait|acquire|join|select|poll|epoll_wait|recv|recv_into|accept|read|readline|sleep|"
@@ -94,8 +97,9 @@ def application_frame(frames: tuple[str, ...]) -> str | None:
 
 
 def is_poller(thread_name: str | None, frames: tuple[str, ...] = ()) -> bool:
-    """Threads that poll by design (NCCL watchdog/proxy, gloo runloop, zmq, ranktrace): never a rank's progress."""
-    return bool(thread_name and _POLLERS.search(thread_name))
+    """Threads that poll by design (NCCL watchdog/proxy, gloo runloop, zmq, ranktrace): never a rank's progress. An
+    unnamed thread (gdb) whose frames are a communication library's progress thread is one too."""
+    return bool(thread_name and _POLLERS.search(thread_name)) or is_progress_thread(frames)
 
 
 #: native frames that say nothing about what the thread waits for: unnamed frames of the driver and libc, which
@@ -183,7 +187,7 @@ def latest_stacks(stacks: pa.Table, prefer: dict[int, int] | None = None) -> dic
         if (r["file"], r["snapshot"]) != latest_snapshot[rank] or not r["frames"]:
             continue
         name = r["thread_name"] or ""
-        score = 3 if name == "MainThread" else (0 if _POLLERS.search(name) else 1)
+        score = 3 if name == "MainThread" else (0 if is_poller(name, tuple(r["frames"])) else 1)
         if r["native"]:
             score -= 0.5  # prefer Python frames when both exist
         state = r["thread_state"]
@@ -209,7 +213,7 @@ def unranked_stacks(stacks: pa.Table) -> list[RankStack]:
             continue
         name = r["thread_name"] or ""
         frames = tuple(r["frames"])
-        score = 3 if name == "MainThread" else (0 if _POLLERS.search(name) else 1)
+        score = 3 if name == "MainThread" else (0 if is_poller(name, frames) else 1)
         state = classify(frames, r["thread_state"])
         score += {"in_init": 2, "in_collective": 2, "host_sync_wait": 2}.get(state, 0)
         if r["native"]:

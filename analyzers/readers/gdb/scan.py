@@ -64,10 +64,21 @@ def scan(path: Path, text: str) -> Scan:
     cur: StackRecord | None = None
     torn: list[tuple[int, str]] = []
     outside = 0
+    wrapped: _WrappedFrame | None = None   # a frame whose argument list gdb continued on the next lines
 
     for no, raw in enumerate(text.splitlines(), start=1):
         prefix_rank, body = split_rank_prefix(raw.rstrip("\r\n"))
         stripped = body.strip()
+        if wrapped is not None:
+            if wrapped.takes(body, stripped):
+                if wrapped.closed():
+                    fr = frame_text(wrapped.text)
+                    if fr is not None and wrapped.record.frames[wrapped.index] == "":
+                        wrapped.record.frames[wrapped.index] = fr
+                        torn.remove(wrapped.torn)
+                    wrapped = None
+                continue
+            wrapped = None
         m = _ATTACH.match(stripped) or _GDB_COMMAND.match(stripped)
         if m:
             if any(s == section for s, _ in threads) or section_pid.get(section, int(m.group(1))) != \
@@ -118,6 +129,8 @@ def scan(path: Path, text: str) -> Scan:
             if fr is None:
                 torn.append((no, stripped))
                 cur.frames.append("")        # keep the position: the wrapped tail may complete it
+                if m.group(2).count("(") > m.group(2).count(")"):
+                    wrapped = _WrappedFrame(cur, len(cur.frames) - 1, m.group(2).strip(), torn[-1])
             else:
                 cur.frames.append(fr)
             continue
@@ -136,6 +149,30 @@ def scan(path: Path, text: str) -> Scan:
         t.frames = [fr for fr in t.frames if fr]
     threads = [(s, t) for s, t in threads if t.frames or t.ident is not None]
     return Scan(threads, section_pid, section_exe, torn, outside)
+
+
+class _WrappedFrame:
+    """A ``#k`` line whose call arguments gdb printed over several lines (``ncclEnqueueCheck (`` then indented
+    ``func=..., primName=...`` lines up to ``) at misc/enqueue.cu:205``): its lines joined until the parentheses
+    balance, then read as one frame. Bounded: a dozen lines, a few thousand characters."""
+
+    MAX_LINES, MAX_CHARS = 12, 4000
+
+    def __init__(self, record: StackRecord, index: int, text: str, torn: tuple[int, str]) -> None:
+        self.record, self.index, self.text, self.torn = record, index, text, torn
+        self.lines = 0
+
+    def takes(self, body: str, stripped: str) -> bool:
+        """Whether this line continues the frame (indented, not a frame or thread header of its own)."""
+        if (not stripped or not body[:1].isspace() or stripped.startswith(("#", "Thread ")) or
+                self.lines >= self.MAX_LINES or len(self.text) + len(stripped) > self.MAX_CHARS):
+            return False
+        self.text += " " + stripped
+        self.lines += 1
+        return True
+
+    def closed(self) -> bool:
+        return self.text.count("(") <= self.text.count(")")
 
 
 def _number(gdb_no: int) -> str | None:
