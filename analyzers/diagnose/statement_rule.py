@@ -182,6 +182,15 @@ def stated_mismatch(ctx: Model) -> list[Candidate]:
                                             _evidence(rows, "Flight Recorder"))],
                           next_steps=["Make every rank issue the same collective (op, dtype, size) at that position: "
                                       "the culprit's call site is in its Flight Recorder entry."])]
+    nccl = ctx.observations("nccl_mismatch")
+    if nccl:  # NCCL's own check (<= 2.7): ranks of one communicator called different collectives
+        near = sorted({r["value"] for r in nccl if r["value"] is not None})
+        summary = ("NCCL found mismatched collectives: the ranks of a communicator did not call the same collectives "
+                   "in the same order" + (f" (it points at and around {ranks_text(near)})" if near else ""))
+        return [Candidate("collective_mismatch", summary, culprits=(),
+                          findings=[Finding("collective_mismatch", summary, (), 0.7, _evidence(nccl, "NCCL"))],
+                          next_steps=["Rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL and compare each rank's "
+                                      "sequence of collectives (op, count, datatype) around the rank NCCL names."])]
     return []
 
 

@@ -61,6 +61,9 @@ OBSERVATION_KINDS: dict[str, str] = {
     "completion": "name=nccl_destroy per Destroy COMPLETE: group, rank, detail=the line",
     "init_failure": "name=connect|nccl_init: a set-up failure before Init COMPLETE; detail=file:line: message",
     "transport_error": "name=nccl_warn (a failure WARN after Init COMPLETE) | cuda_error (Cuda failure WARN)",
+    "nccl_mismatch": "NCCL's own 'Mismatched collective detected' WARN (<= 2.7): name=file:line, value=the rank it names "
+                     "'at and around' (a hint, never a culprit), detail=message; a WARN without host:pid:tid counts, "
+                     "for no rank",
     "nccl_seq_basis": "per communicator: group, rank, detail=line|opcount|line_from_log_start, value=COLL lines",
     "rank_space": "per non-world communicator: group=commId, rank=comm rank, detail=comm:<commId>, value=nranks",
     "nccl_setting": "what NCCL was told or decided, once per process (and communicator): name=NCCL_* variable "
@@ -120,6 +123,9 @@ def read(path: Path) -> ReadResult:
        (formats.md §1.6). Line order is the same on every rank of a communicator that ran the same code.
     2. No Init line (the log starts mid-run, or INIT was filtered out) and ``opCount`` is non-zero and never decreases:
        ``seq = opCount + 1``, the only position that survives a cut log head (approximate: grouped ops share it).
+       Never from NCCL 2.27 on (a version line says so, or a communicator's COLL lines all say ``opCount 0``): there
+       it stays 0 on communicators without network work, on some ranks and not others, so it matches no rank's
+       position with another's (NVIDIA/nccl#2021).
     3. Otherwise: line order counted from the start of the file, with a ``Skipped`` note (positions are relative).
 
     Send/Recv lines count separately, per ``(communicator, src, dst)`` pair, so a Send on rank a and the

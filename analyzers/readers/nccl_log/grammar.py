@@ -7,7 +7,7 @@ import re
 from datetime import datetime, timezone
 
 __all__ = ["NCCL_DTYPES", "P2P_RAW", "ROOTED_RAW", "COLL_RE", "SCAN_RE", "NRANKS_RE", "COLL_PREFIX_RE", "MARKER_RE",
-           "BARE_VERSION_RE", "INIT_RE", "FIELD_RES", "API_RE", "SUMMARY_RE", "TEARDOWN_RE", "TRANSPORT_RE", "RING_RE",
+           "BARE_VERSION_RE", "BARE_WARN_RE", "MISMATCH_RE", "INIT_RE", "FIELD_RES", "API_RE", "SUMMARY_RE", "TEARDOWN_RE", "TRANSPORT_RE", "RING_RE",
            "CONNECT_FAIL_RE", "INIT_FAIL_RE", "CUDA_FAIL_RE", "OLD_FORMAT_RE", "TRAIL_RE", "SNIFF_RE", "SETTING_RES",
            "TUNING_MARK", "TUNING_RE", "TUNING_ALGOS", "TUNING_PROTOS", "normalize_comm_id", "looks_binary",
            "parse_ts"]
@@ -53,6 +53,13 @@ MARKER_RE = re.compile(
     r"NCCL (?P<level>INFO|WARN|TRACE|CALL|ABORT) "
 )
 BARE_VERSION_RE = re.compile(r"(?:^|\s|\])NCCL version (?P<v>\d+\.\d+\.\d+\S*)")
+#: a WARN whose ``host:pid:tid [dev]`` prefix is gone (cut by a paste, or a log collector that kept the message only):
+#: ``init.cc:1247 NCCL WARN Mismatched collective detected, ...``; anchored at the message start
+BARE_WARN_RE = re.compile(r"^\s{0,8}(?:\[(?P<dev>\d+)\] )?(?:(?P<file>[\w./+-]+):(?P<fline>\d+) )?NCCL WARN (?P<msg>.+)$")
+#: NCCL <= 2.7's own check that the ranks of a communicator called the same collectives (init.cc / enqueue.cc):
+#: "Mismatched collective detected, please check your collective calls at and around rank 39" (NVIDIA/nccl#296, #214)
+MISMATCH_RE = re.compile(r"Mismatched collective detected(?:, please check your collective calls at and around "
+                         r"rank (?P<rank>\d+))?")
 
 INIT_RE = re.compile(r"- Init (START|COMPLETE)\s*$")
 FIELD_RES: dict[str, re.Pattern[str]] = {

@@ -16,7 +16,7 @@ from ranktrace.analyzers.readers.base import Skipped
 from ranktrace.analyzers.readers.text import MAX_LINE_CHARS
 from ranktrace.analyzers.readers.nccl_log.grammar import (API_RE, BARE_VERSION_RE, COLL_PREFIX_RE, COLL_RE,
                                                           CONNECT_FAIL_RE, CUDA_FAIL_RE, FIELD_RES, INIT_FAIL_RE,
-                                                          INIT_RE, MARKER_RE, NRANKS_RE, P2P_RAW, RING_RE, SCAN_RE,
+                                                          INIT_RE, MARKER_RE, BARE_WARN_RE, MISMATCH_RE, NRANKS_RE, P2P_RAW, RING_RE, SCAN_RE,
                                                           SETTING_RES, SUMMARY_RE, TEARDOWN_RE, TRAIL_RE,
                                                           TRANSPORT_RE, TUNING_MARK, TUNING_RE, normalize_comm_id,
                                                           parse_ts)
@@ -470,8 +470,14 @@ class Reader:
         marks = list(MARKER_RE.finditer(text))
         if not marks:
             vm = BARE_VERSION_RE.search(text)
+            wm = BARE_WARN_RE.match(text) if vm is None and "NCCL WARN" in text else None
             if vm:
                 self._version(vm.group("v"), None, None, None, line)
+            elif wm:  # its writer is unknown (no host:pid:tid): what it says still counts, for no rank
+                self.n_marker_lines += 1
+                where = f"{wm.group('file')}:{wm.group('fline')}" if wm.group("file") else None
+                self._warn(dict(host=None, pid=None, tid=None, wall_ns=None, line=line), wm.group("msg").strip(),
+                           None, where)
             elif "NCCL" in text and ("NCCL INFO" in text or "NCCL WARN" in text):
                 self._torn(line, "NCCL record without a host:pid:tid prefix (torn line): " + text[:160])
             return
@@ -498,10 +504,7 @@ class Reader:
         base = dict(host=host, pid=pid, tid=tid, wall_ns=wall, line=line)
         if level == "WARN":
             where = f"{m.group('file')}:{m.group('fline')}" if m.group("file") else None
-            c = self.tid_comm.get((host, pid, tid))
-            self.obs.append(dict(base, kind="nccl_warn", name=where, detail=msg.strip(),
-                                 group=c.group if c else None, rank=c.rank if c else None))
-            self._failure(base, msg.strip(), c, where)
+            self._warn(base, msg.strip(), self.tid_comm.get((host, pid, tid)), where)
             return
         if msg.startswith(("Call to connect ", "socketPollConnect: ", "socketStartConnect: ")):
             # a connect retry (NCCL < 2.19 "Call to connect returned ..., retrying"; later "socketPollConnect:
@@ -658,6 +661,18 @@ class Reader:
                    rank=c.rank, value=c.nranks)
         self.obs.append(row)
         self.init_obs.append((row, c))
+
+    def _warn(self, base: dict[str, Any], msg: str, c: Any, where: str | None) -> None:
+        """A WARN line: ``nccl_warn``, the failure it may state, and NCCL's own mismatch check (``nccl_mismatch``:
+        ``value`` = the rank it names "at and around", a hint only, never a culprit by itself)."""
+        self.obs.append(dict(base, kind="nccl_warn", name=where, detail=msg,
+                             group=c.group if c else None, rank=c.rank if c else None))
+        mm = MISMATCH_RE.search(msg)
+        if mm:
+            self.obs.append(dict(base, kind="nccl_mismatch", name=where, detail=msg[:300],
+                                 value=int(mm.group("rank")) if mm.group("rank") else None,
+                                 group=c.group if c else None, rank=c.rank if c else None))
+        self._failure(base, msg, c, where)
 
     def _failure(self, base: dict[str, Any], msg: str, c: Any, where: str | None, trail: bool = False) -> None:
         """A WARN (or a bootstrap error trail, a connect retry) that says set-up or the device failed: before the

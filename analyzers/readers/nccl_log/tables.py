@@ -133,6 +133,7 @@ def _events(st: Reader, world: int | None) -> tuple[pa.Table, dict[int, tuple[st
                 stats[c_idx] = (n_c, mx, c_idx not in bad)
     basis: dict[int, tuple[str, int, int]] = {}
     use_opcount = np.zeros(len(comms), dtype=bool)
+    frozen = _opcount_frozen(st.versions, stats)
     for c in comms:
         nrows = c.n_coll + sum(c.p2p.values())
         if not nrows or c.first_coll_line is None:
@@ -142,15 +143,17 @@ def _events(st: Reader, world: int | None) -> tuple[pa.Table, dict[int, tuple[st
             basis[cidx] = ("line", first, nrows)
             continue
         n_c, mx, nondecreasing = stats.get(cidx, (0, 0, True))
-        if n_c > 0 and mx > 0 and nondecreasing:
+        if n_c > 0 and mx > 0 and nondecreasing and not frozen:
             basis[cidx] = ("opcount", first, nrows)
             use_opcount[cidx] = True
             st.skipped.append(Skipped(st.file, first, f"{c.group} (pid {c.pid}): no Init line, seq = "
                                     "opCount + 1 (log starts mid-run; grouped ops share a position)"))
         else:
             basis[cidx] = ("line_from_log_start", first, nrows)
-            st.skipped.append(Skipped(st.file, first, f"{c.group} (pid {c.pid}): no Init line and no "
-                                    "usable opCount; seq counts COLL lines from the start of this file"))
+            why = f"opCount is not a position from NCCL 2.27 on ({frozen})" if frozen and mx > 0 else \
+                "no usable opCount"
+            st.skipped.append(Skipped(st.file, first, f"{c.group} (pid {c.pid}): no Init line and {why}; seq counts "
+                                    "COLL lines from the start of this file"))
     # small lookup tables, indexed by op id / comm index / identity index / NCCL datatype
     raw_ops = [o.decode() for o, _ in sorted(st.op_ids.items(), key=lambda kv: kv[1])]
     look = {
@@ -240,3 +243,25 @@ def _event_batch(st: Reader, blk: np.ndarray, world: int | None, look: dict[str,
             col = col.cast(f.type)
         arrays.append(col)
     return pa.RecordBatch.from_arrays(arrays, schema=schema.EVENTS)
+
+
+#: opCount stays 0 from NCCL 2.27 on for communicators without network work (a single-node one, or some ranks of a
+#: multi-node one: NVIDIA/nccl#2021, "2.27+ single node, opCount always 0"), so no rank's opCount is a position
+#: another rank's can be matched with; a file of an older NCCL with a communicator whose COLL lines all say 0 is the
+#: same sign
+_FROZEN_FROM = (2, 27)
+_ZERO_RUN = 3
+
+
+def _opcount_frozen(versions: dict[str, int], stats: dict[int, tuple[int, int, bool]]) -> str:
+    """Why opCount cannot be matched across ranks in this file ("" when it can)."""
+    for v in versions:
+        parts = v.split("+", 1)[0].split(".")
+        try:
+            if (int(parts[0]), int(parts[1])) >= _FROZEN_FROM:
+                return f"NCCL {v}"
+        except (ValueError, IndexError):
+            continue
+    if any(n >= _ZERO_RUN and mx == 0 for n, mx, _ in stats.values()):
+        return "a communicator whose COLL lines all say opCount 0"
+    return ""

@@ -124,7 +124,7 @@ def text_of_bytes(name: str, data: bytes, notes: list[Skipped] | None = None) ->
             raw = raw.rstrip("\r")
             if "\r" in raw:
                 raw = raw[raw.rindex("\r") + 1:] or raw
-        lines.append(strip_ansi(raw))
+        lines.append(_unmarked(strip_ansi(raw)))
     lines = _dedented(_unquoted(lines))
     srun = _srun_prefixed(lines)
     srun_ranks = not srun or _srun_tasks(lines) > 1
@@ -188,10 +188,24 @@ def _join_soft_wraps(split: list[tuple[int, LinePrefix, str, str]],
             pno, pprefix, prest, ps = out[-1]
             last_physical = physical[no - 2] if no >= 2 else ""
             if pprefix != _NO_PREFIX and len(last_physical) >= 100:
-                out[-1] = (pno, pprefix, prest + (" " if not prest.endswith(" ") else "") + rest.lstrip(), ps + s)
+                glue = "" if prest.endswith(" ") or _cut_mid_token(prest, rest.lstrip()) else " "
+                out[-1] = (pno, pprefix, prest + glue + rest.lstrip(), ps + s)
                 continue
         out.append((no, prefix, rest, s))
     return out
+
+
+def _cut_mid_token(prev: str, nxt: str) -> bool:
+    """The wrap cut a number or a word in two (``NumelOut=1`` / ``29280,``, ``NCCL wor`` / ``k: 151721``), so the
+    halves join without a space; a wrap at a space between words (``terminated`` / ``with``) gets the space back."""
+    if not prev or not nxt:
+        return False
+    if prev[-1].isdigit() and nxt[0].isdigit():
+        return True
+    return prev[-1].isalpha() and _WORD_TAIL.match(nxt) is not None
+
+
+_WORD_TAIL = re.compile(r"[a-z]{1,3}[^\w\s]")
 
 
 _OWN_RECORD = re.compile(r"\s{0,200}(?:File \"|frame #\d|#\d+ |Thread |Traceback|\[|\(|[A-Z][\w.]{0,200}(?:Error|Exception):)")
@@ -282,6 +296,22 @@ def _gunzip(path: Path, f, notes: list[Skipped]) -> bytes:
 
 
 _QUOTED = re.compile(r"(?:>[ \t]?)+")
+
+
+#: Markdown a ticket wraps around a pasted line: an inline-code backtick at either end (not a ``` fence), and bold
+#: markers a reporter put around the words that matter (``**Watchdog caught collective operation timeout:**``) --
+#: only in pairs, a word inside them and none glued outside, so a C++ ``char**`` stays as it is
+_TICK_ENDS = re.compile(r"^`(?!`)|(?<!`)`\s*$")
+_BOLD = re.compile(r"(?<![\w*])\*\*(?=[^\s*])(.{1,300}?)(?<=[^\s*])\*\*(?![\w*])")
+
+
+def _unmarked(line: str) -> str:
+    """`line` without the Markdown marks of a paste (see _BOLD); unchanged when it has none (the usual case)."""
+    if "`" in line[:1] or line.rstrip().endswith("`"):
+        line = _TICK_ENDS.sub("", line)
+    if "**" in line:
+        line = _BOLD.sub(r"\1", line)
+    return line
 
 
 def _unquoted(lines: list[str]) -> list[str]:
