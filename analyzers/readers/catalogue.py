@@ -77,7 +77,11 @@ FAMILIES: tuple[Family, ...] = (
         r".{0,120}?\"(?:POST|GET) /v1/\S{0,200} HTTP/\d(?:\.\d)?\" 200\b", *server_statements.CATALOGUE)),
     Family("nvidia_smi", "ranktrace.analyzers.readers.nvidia_smi", _rx(
         r".{0,20}NVIDIA-SMI \S+\s+Driver Version", r"\s*GPU0\s+(?:GPU1|NIC0|mlx5_0|CPU Affinity)",
-        r"\s*X\s+= Self", r"\s*NV#\s+= Connection")),
+        r"\s*X\s+= Self", r"\s*NV#\s+= Connection",
+        # a table pasted without its banner: the process rows, a GPU's temperature / memory / utilisation row
+        r"\|\s{0,8}\d{1,3}\s+(?:(?:N/A|\d{1,4})\s+(?:N/A|\d{1,4})\s+)?\d{1,9}\s+(?:C\+G|G\+C|M\+C|C|G|M)\s+\S.{0,200}?"
+        r"\s(?:\d{1,9}MiB|N/A)\s*\|\s*$",
+        r"\|\s{0,8}(?:N/A|\d{1,3}%)\s+\d{1,3}C\s+P\d{1,2}\s.{0,80}\|\s*\d{1,9}MiB\s*/\s*\d{1,9}MiB\s*\|")),
     Family("fr_text", "ranktrace.analyzers.readers.fr_text", _rx(
         r".{0,200}?(?:Not all ranks joining collective|Collective sequence number: \d+ has errors|"
         r"Collective \d+ (?:at entry \d+ )?errors|Input/output mismatch in the collective)",

@@ -204,3 +204,25 @@ def test_opcount_is_no_position_from_nccl_2_27_on() -> None:
     assert any("NCCL 2.27.3" in s.reason for s in new.skipped)
     seqs = sorted(r["seq"] for r in rows(new.events, kind="enter"))
     assert seqs == [1, 1, 2, 2, 3]   # positions in each rank's own lines, not opCount + 1 (14, 15, 16)
+
+
+def test_an_nvidia_smi_table_without_its_banner_is_read() -> None:
+    # https://github.com/facebookresearch/Mask2Former/issues/74: a condensed GPU list and nvidia-smi's process table,
+    # no "NVIDIA-SMI ... Driver Version" line above them (exit 2 before); nothing in it says hang, so no verdict does
+    from ranktrace.analyzers.readers import nvidia_smi
+
+    doc = open_text(FIELD / "mask2former-74" / "nvidia-smi.txt")
+    assert "nvidia_smi" in catalogue.scan(doc).families
+    procs = rows(nvidia_smi.read_doc(doc).observations, kind="gpu_process")
+    assert [(p["name"], p["pid"], p["value"]) for p in procs][:2] == [("0", 18684, 13195), ("1", 18685, 13223)]
+    assert len(procs) == 6
+    v = _verdict("mask2former-74")
+    assert v["status"] not in ("hang", "crashed") and not v["culprit_ranks"]
+
+
+def test_a_vllm_start_up_log_that_only_states_its_release_is_read() -> None:
+    # https://github.com/vllm-project/vllm/issues/12292: the API server's version and args, hard-wrapped (exit 2
+    # before); the release is a fact, not a verdict
+    (row,) = [o for o in _server_obs("vllm-12292", "startup.log") if o["kind"] == "version"]
+    assert (row["name"], row["detail"], row["line"]) == ("vllm", "0.5.4", 2)
+    assert _verdict("vllm-12292")["status"] == "inconclusive"

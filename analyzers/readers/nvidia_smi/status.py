@@ -60,7 +60,8 @@ class Parser:
                 i = read_topo(header, lines, i, self._obs)
                 section = "none"
                 continue
-            elif section == "gpus" and stripped.startswith("|") and not stripped.startswith("|="):
+            elif section in ("gpus", "none") and stripped.startswith("|") and not stripped.startswith("|="):
+                # "none": a table pasted without nvidia-smi's banner; only a GPU row followed by its memory row counts
                 gpu = self._gpu_line(line, n, gpu)
             elif section == "procs" and stripped.startswith("|"):
                 self._proc_line(line, n)
@@ -79,6 +80,7 @@ class Parser:
             return gpu
         index, model, _ = gpu
         used, total = int(mem.group(1)), int(mem.group(2))
+        self.found = True
         self._obs(n, "gpu_memory", name=index, value=used, detail=f"total {total} MiB")
         util = _UTIL.match(cells[2] + " ")
         if util and util.group(1) != "N/A":
@@ -102,6 +104,7 @@ class Parser:
             return
         gpu, _gi, _ci, pid, ptype, name, usage = m.groups()
         value = None if usage == "N/A" else int(usage[:-3])
+        self.found = True  # a process table is readable without the banner above it
         self._obs(n, "gpu_process", pid=int(pid), name=gpu, value=value, detail=f"{name} (type {ptype})")
 
 

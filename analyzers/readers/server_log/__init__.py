@@ -55,6 +55,9 @@ OBSERVATION_KINDS: dict[str, str] = {
                           "addresses', detail = the line",
     "graph_capture_progress": "name = bar label, value = batches done, detail = 'done/total label' (last state)",
     "server_rank": "pid, rank, value = world size (vLLM rank assignment line), detail = the DP/PP/TP ranks",
+    "version": "name = vllm, detail = the release ('vLLM API server version 0.5.4')",
+    "rank_exit / exception / transport_error": "a server's statement that a process died, raised or failed a CUDA "
+                                              "check (statements.py), with or without a log prefix",
 }
 
 

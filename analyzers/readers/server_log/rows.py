@@ -28,6 +28,8 @@ def build(p: LogParser) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str
                 obs.append(dict(common, kind="completion", name="server_ready", detail=h.detail))
             elif h.name == "cuda_graph_capture_error":   # the worker raises it: a crash, inside capture
                 obs.append(dict(common, kind="exception", name="CudaGraphCaptureError", detail=h.detail))
+        elif h.what == "version":
+            obs.append(dict(common, kind="version", name=h.name, detail=h.detail))
         elif h.what == "statement":
             obs.append(dict(common, kind=h.category, name=h.name, value=h.value,
                             detail=_after_watchdog(p, h) + h.detail))

@@ -74,6 +74,7 @@ _FULL_DATE = re.compile(r"\b(\d{4})-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}")
 _TORCH_RANK = re.compile(r"\[rank(\d+)\]:")
 _TAG_TOKENS = re.compile(r"(ATTN_CP|MOE_DP|DP|PP|TP|EP|PCP|DCP|CP)_?(\d+)")
 _REGISTER = re.compile(r"Registering (\d+) cuda graph addresses")
+_VLLM_VERSION = re.compile(r"vLLM API server version (\S{1,60})")
 _LABEL_NOTE = re.compile(r"\s{0,40}\((?:bs=|avail_mem=)[^)]{0,200}\)")
 _ASSIGNED = re.compile(r"rank (\d+) in world size (\d+) is assigned as (.*)")
 _INIT_LINE = re.compile(r"world_size=(\d+) rank=(\d+) local_rank=\d+")
@@ -224,6 +225,12 @@ class LogParser:
                                           first.wall_ns if first else wall)
                 return
         if self._serving_progress(number, message, tags, vllm_rank, pid, wall):
+            return
+        ver = _VLLM_VERSION.search(message) if "version" in message else None
+        if ver:  # "vLLM API server version 0.5.4": which release wrote this log
+            self.recognised = True
+            self.hits.append(Hit(number, "version", "vllm", None, None, ver.group(1), tags, vllm_rank, pid, wall,
+                                 "vllm"))
             return
         reg = _REGISTER.search(message)
         if reg:
