@@ -42,6 +42,7 @@ class Scenario:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     timeout: float = 400.0
+    stop_after: float | None = None   # a server: SIGTERM to trace run after this long (it forwards it to the job)
 
 
 @dataclass
@@ -104,7 +105,9 @@ def healthy(scale: float, weights: Path) -> list[Scenario]:
                  {"RANKTRACE_TEST_WEIGHTS": str(weights)}),
         Scenario("ok:replica-jit-60s", True, [PY, "-m", "sglang.launch_server", "--tp", "4", "--jit-seconds", s(60)],
                  env_rep),
-        Scenario("ok:serve-idle-180s", True, [PY, str(BUSY), "serve", "--seconds", s(180)]),
+        # SGLang-shaped: schedulers in their event loop after "fired up and ready to roll"; ended by the timer below
+        Scenario("ok:replica-serve-idle-180s", True, [PY, "-m", "sglang.launch_server", "--tp", "4", "--serve"],
+                 env_rep, stop_after=float(s(180))),
     ]
 
 
@@ -139,6 +142,9 @@ def run_one(sc: Scenario, base: Path) -> Outcome:
     out = Outcome(sc.name, sc.healthy, 0, 0.0)
     timer = threading.Timer(sc.timeout, lambda: os.killpg(proc.pid, 9))
     timer.start()
+    stop = threading.Timer(sc.stop_after, lambda: proc.send_signal(15)) if sc.stop_after else None
+    if stop is not None:
+        stop.start()
     pending_kind = False
     assert proc.stderr is not None
     for line in proc.stderr:
@@ -157,6 +163,8 @@ def run_one(sc: Scenario, base: Path) -> Outcome:
             pending_kind = False
     out.rc = proc.wait()
     timer.cancel()
+    if stop is not None:
+        stop.cancel()
     out.seconds = time.time() - t0
     if out.first_verdict is not None:
         try:

@@ -134,7 +134,7 @@ def _view(rank: int, parked: str | None = "all_reduce", *, asleep: bool = False,
 
 
 def test_threshold_paths():
-    from ranktrace.tracer.watch.threshold import Cadence, decide
+    from ranktrace.tracer.watch.threshold import Cadence, RankView, decide
 
     c = Cadence()
     auto = {"hang_after": None, "startup_hang_after": None}
@@ -146,6 +146,8 @@ def test_threshold_paths():
     assert decide([_view(0), _view(1, cpu=0.9)], 2, c, **auto).path == "adaptive"          # spinning inside its wait
     assert decide([_view(0), _view(1, None)], 2, c, **auto).path == "adaptive"             # a wait nobody knows
     assert decide([_view(0), _view(1)], 4, c, **auto).path == "adaptive"                   # peers on another host
+    serving = [RankView(0, "a lock or queue wait", False, 0.0, True, "serving"), _view(1)]
+    assert decide(serving, 2, c, **auto).path == "adaptive"       # a server waits for requests by design
     assert decide([_view(0, joined=False), _view(1, None, joined=False)], 2, c, **auto).path == "startup"
     fixed = decide([_view(0), _view(1)], 2, c, hang_after=8.0, startup_hang_after=None)
     assert (fixed.path, fixed.seconds) == ("explicit", 8.0)

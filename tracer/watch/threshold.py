@@ -82,7 +82,10 @@ def decide(views: list[RankView], world: int | None, cadence: Cadence, *, hang_a
         return Threshold(startup_hang_after, "explicit", f"--startup-hang-after {startup_hang_after:g} s")
     slowest = max((cadence.gap(v.rank, v.phase) for v in views), default=0.0)
     seen = {v.rank for v in views}
-    whole = world is not None and world > 0 and seen >= set(range(world))
+    # a server that said it serves waits for requests by design: never the short or medium path (the analysis says
+    # IDLE after the regular wait)
+    serving = any(v.phase == "serving" for v in views)
+    whole = not serving and world is not None and world > 0 and seen >= set(range(world))
     still = [v for v in views if v.cpu_share < still_share or v.parked == "exited"]
     if whole and views and len(still) == len(views):
         if all(v.parked for v in views):
@@ -94,7 +97,9 @@ def decide(views: list[RankView], world: int | None, cadence: Cadence, *, hang_a
             sleepers = sorted(v.rank for v in views if not v.parked)
             t = max(MEDIUM_S, 4 * slowest)
             return Threshold(t, "medium", f"{_ranks_text(sleepers)} asleep and the others parked, no CPU, no I/O")
-    if not whole:
+    if serving:
+        why = "the job says it serves (waiting for requests is no hang)"
+    elif not whole:
         why = "not every rank of the world is seen here" if views else "no rank known yet"
     else:
         unknown = sorted(v.rank for v in views if not v.parked and not v.asleep)
