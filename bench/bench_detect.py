@@ -152,7 +152,8 @@ def run_one(sc: Scenario, base: Path) -> Outcome:
         line = line.rstrip("\n")
         out.lines.append(line)
         if "hang suspected after" in line and out.decided_by is None:
-            out.decided_by = line.split("(", 1)[-1].rstrip(")")
+            why = line.split("(", 1)[-1]
+            out.decided_by = why[:-1] if why.endswith(")") else why
         if " s silent" in line and out.first_verdict is None:
             out.first_verdict = now
             pending_kind = True
