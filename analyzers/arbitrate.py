@@ -111,7 +111,10 @@ _SERVING_PROGRESS = frozenset({"requests", "batches", "running_requests"})
 
 
 def serving(ctx: Model) -> bool:
-    """The server says it serves (a ready line, a serving phase) or its log shows requests being served."""
+    """The server says it serves (a ready line, a serving phase) or its log shows requests being served, and not that
+    a step it runs never finished (SGLang's scheduler watchdog: a batch in flight past its timeout is no idle wait)."""
+    if any(o["name"] == "scheduler_watchdog" for o in ctx.observations("server_stall")):
+        return False
     return any(p == "serving" for p in ctx.phases.values()) or any(
         o["name"] == "server_ready" for o in ctx.observations("completion")) or any(
         o["name"] in _SERVING_PROGRESS for o in ctx.observations("progress"))

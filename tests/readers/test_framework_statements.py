@@ -226,3 +226,14 @@ def test_a_vllm_start_up_log_that_only_states_its_release_is_read() -> None:
     (row,) = [o for o in _server_obs("vllm-12292", "startup.log") if o["kind"] == "version"]
     assert (row["name"], row["detail"], row["line"]) == ("vllm", "0.5.4", 2)
     assert _verdict("vllm-12292")["status"] == "inconclusive"
+
+
+def test_a_server_whose_scheduler_watchdog_fired_is_not_idle() -> None:
+    # https://github.com/sgl-project/sglang/issues/7783: requests served (POST ... 200), then TP3's scheduler watchdog
+    # fires on a batch of 109 requests; the served requests must not make that an idle server
+    v = _verdict("sglang-7783")
+    assert v["status"] not in ("idle", "completed")
+    # a server that serves, with only its DP controller's own watchdog dump, is (sgl-project/sglang#20766)
+    v = _verdict("sglang-pr20766")
+    assert (v["status"], v["culprit_ranks"]) == ("idle", [])
+    assert {r for read in v["input_reads"] for r in read["recognised"]} == {"pyspy", "server_log"}
