@@ -49,7 +49,7 @@ def diagnose(ctx: Model) -> Verdict:
     if job.traced and job.ended and job.exit_code == 0 and not job.signal and not job.killed_on_hang:
         primary = None  # a job that exited 0 did not hang; ops "in flight" at exit are NCCL/async bookkeeping
     cut = _cut_finding(ctx, primary)
-    if cut is not None:
+    if cut is not None and not (primary is not None and _reported_live(ctx)):
         primary = None  # a trace cut by killing trace run shows what was open then, never that it hung
     findings: list[Finding] = decision.findings(candidates)
     if cut is not None:
@@ -141,7 +141,8 @@ def _sentence(s: str) -> str:
 def _status(ctx: Model, primary: Candidate | None) -> str:
     job = ctx.job
     if job.traced and job.state in ("cut", "gone"):
-        return "inconclusive"
+        # a hang the watchdog reported live before trace run was lost stays the hang; anything else is a cut trace
+        return "hang" if primary is not None and job.state == "cut" and _reported_live(ctx) else "inconclusive"
     if job.traced and job.ended:
         if job.killed_on_hang:
             return "hang" if primary is not None else "inconclusive"
@@ -346,6 +347,17 @@ def _unknown_findings(ctx: Model) -> list[Finding]:
     return out
 
 
+def _reported_live(ctx: Model) -> bool:
+    """The watchdog reported a hang (meta.json hang_reported) before trace run was lost: the cut came after the
+    hang, so what was open is the hang it saw, not an artefact of the cut."""
+    lost = ctx.job.lost_ns
+    for h in ctx.inputs.hosts:
+        said = (h.meta or {}).get("hang_reported")
+        if isinstance(said, dict) and isinstance(said.get("wall_ns"), int) and (lost is None or said["wall_ns"] <= lost):
+            return True
+    return False
+
+
 def _cut_finding(ctx: Model, primary: Candidate | None) -> Finding | None:
     """trace run was killed (its guardian ended the job: state cut) or vanished with its job (gone): the rings stop
     there, and what they show open was cut off, not hung. The finding names it, and what was open."""
@@ -360,7 +372,9 @@ def _cut_finding(ctx: Model, primary: Candidate | None) -> Finding | None:
     how = ("trace run was killed" + when + " before the job ended; its guardian ended the job"
            if job.state == "cut" else "the run has no exit status and none of its processes is alive")
     opened = ""
-    if primary is not None:
+    if primary is not None and _reported_live(ctx):
+        opened = "; the watchdog had reported the hang below before that, live"
+    elif primary is not None:
         opened = f"; open at the cut (not shown to hang): {primary.summary}"
     ev = tuple(Evidence("meta", str(h.host_dir / "meta.json"), None,
                         "launcher_lost" if (h.meta or {}).get("launcher_lost") else "no exit status")

@@ -87,8 +87,8 @@ def waiting(ctx: Model) -> list[Candidate]:
     early_exit_ev: list[Evidence] = []
     marked = _exit_marks(ctx)
     first_error = _first_error_ns(ctx)
-    stop = ctx.job.stopped_ns
-    if stop is not None:  # exits after the person's (or scheduler's) INT/TERM are the stop's, not "left first"
+    stop = ctx.job.ended_from_outside_ns
+    if stop is not None:  # exits after a stop (or the guardian's teardown) are that ending's, not "left first"
         marked = {r: m for r, m in marked.items() if (m["wall_ns"] or 0) < stop}
     # culprits whose process exited on its own before any waiter's call failed: they left, nobody timed out
     left = {r for r in culprit_set if r in marked and (first_error is None or (marked[r]["wall_ns"] or 0) < first_error)}
@@ -277,12 +277,14 @@ def _exited(ctx: Model, culprits: set[int], into: list[waitfor.Edge]) -> tuple[s
     # "connection closed" too: peer-gone errors prove an exit only when nobody timed out.
     timed_out = [o for o in ctx.graph.edges if o.op.errored and o.op.error and TIMEOUT.search(o.op.error)]
     first_error = _first_error_ns(ctx)
-    if ctx.job.stopped_ns is not None and (first_error is None or first_error >= ctx.job.stopped_ns):
+    outside = ctx.job.ended_from_outside_ns
+    if outside is not None and (first_error is None or first_error >= outside):
         peer_errors = []  # the peer went away because it was interrupted, not on its own
     if peer_errors and not timed_out:
         gone |= culprits
         ev.extend(op_evidence(e.op) for e in peer_errors[:4])
-    if ctx.job.traced and not ctx.job.ended and ctx.job.liveness_known:
+    if ctx.job.traced and not ctx.job.ended and ctx.job.liveness_known and ctx.job.lost_ns is None:
+        # (a cut run's processes are gone because its guardian ended them: that says nothing of who left first)
         for r in culprits:
             pids = ctx.rank_pids.get(r, ())
             if pids and not any(p in ctx.job.live_pids for p in pids):

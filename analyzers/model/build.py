@@ -329,7 +329,7 @@ def build_model(inputs: Inputs, liveness: Liveness | None, more: MoreRecords | N
         anon_stacks=hoststate.unranked_stacks(inputs.stacks) if not stacks else [],
         ledger=ledger, current=current, roles=_roles(events), as_of_ns=as_of,
         rank_exits=_rank_exits(events, _op_pids(events, rank_pids)),
-        exits_after_stop=_exits_after(events, job.stopped_ns),
+        exits_after_stop=_exits_after(events, job.ended_from_outside_ns),
         rank_hosts=hosts.rank_hosts(inputs.hosts, events), host_clocks=host_clocks,
     )
 

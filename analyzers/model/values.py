@@ -64,11 +64,17 @@ class JobStatus:
     interrupted_ns: int | None = None   # wall clock of the SIGINT trace run forwarded (a Ctrl-C): its own outcome
     lost_ns: int | None = None          # trace run was lost (killed) then and its guardian ended the job
     stopped_ns: int | None = None       # wall clock of the first INT/TERM/HUP/QUIT trace run forwarded to the job,
-    #                                     less diagnose.context.STOP_SLACK_NS (the signal may have come earlier)
+    #                                     less model.build.STOP_SLACK_NS (the signal may have come earlier)
 
     @property
     def interrupted(self) -> bool:
         return self.interrupted_ns is not None
+
+    @property
+    def ended_from_outside_ns(self) -> int | None:
+        """When something outside the job began ending it: a stop trace run forwarded, else the moment trace run was
+        lost and its guardian ended the job. Exits and errors after it are that ending's, not the job's own."""
+        return self.stopped_ns if self.stopped_ns is not None else self.lost_ns
 
     @property
     def state(self) -> str:

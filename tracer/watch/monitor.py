@@ -654,6 +654,21 @@ class Monitor:
             return True
         return False
 
+    _hang_recorded = False
+
+    def _record_hang(self, v: Any) -> None:
+        """meta.json says a hang was reported live, and what it was: if trace run is then SIGKILLed (its guardian
+        ends the job), the analysis of the cut trace still knows the hang came first, not only the cut."""
+        from ranktrace.tracer.launch import meta
+
+        try:
+            meta.update_meta(self.host_dir, hang_reported={
+                "wall_ns": time.time_ns(), "status": v.status, "kind": v.kind,
+                "culprit_ranks": list(v.culprit_ranks), "operation": (v.operation.name if v.operation else None)})
+            self._hang_recorded = True
+        except (OSError, ValueError) as e:
+            self.log(f"could not record the live hang in meta.json: {e}")
+
     def analyze(self, quiet: float) -> str | None:
         """Full analysis now, verdict.json and report.html rewritten; one line of who is inside what, and the
         verdict printed if the picture changed since the last report. Returns the picture (None: analysis failed)."""
@@ -679,6 +694,8 @@ class Monitor:
             self.log(refreshed.problem)
         v = refreshed.analysis.verdict
         self.last_status = v.status
+        if v.status in ("hang", "crashed") and not self._hang_recorded:
+            self._record_hang(v)
         picture = f"{v.kind}|{v.culprit_ranks}|{v.operation}"
         if picture != self.state.reported:
             self.state.reported = picture
