@@ -255,7 +255,8 @@ def _read_file(f: Path, readers: list[tuple[str, Any]], results: list[ReadResult
         return []
     # NUL runs are holes (a crash, copytruncate): a JSON document with one is still JSON to the sniffers that ask
     bare = head.replace(b"\x00", b"") if b"\x00" in head else head
-    json_like = bare.lstrip()[:1] in (b"{", b"[")
+    json_like = bare.lstrip()[:1] == b"{" or (  # "[2026-03-17 ... TP1] ..." / "[rank2]:" open a log, not JSON
+        bare.lstrip()[:1] == b"[" and bare.lstrip()[1:].lstrip()[:1] in (b"{", b"[", b"]", b'"'))
     for name, mod in readers:
         if name in _JSON_ONLY and not json_like:
             continue

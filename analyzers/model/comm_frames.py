@@ -31,7 +31,9 @@ class CommFrame:
     op: str | None = ""       # the operation it is: "" = the frame's own function name, None = not named by it
 
 
-_COLL = r"(?:all_?reduce|all_?gather\w*|reduce_?scatter\w*|broadcast\w*|all_?to_?all\w*|barrier|gather|scatter|send|recv)"
+#: a collective's function name, its suffix included (broadcast_object, recv_tensor_dict); one \w* only, so the
+#: patterns stay linear in the frame's length
+_COLL = r"(?:all_?reduce|all_?gather|reduce_?scatter|broadcast|all_?to_?all|barrier|gather|scatter|send|recv)\w*"
 
 COMM_FRAMES: tuple[CommFrame, ...] = (
     # DeepSpeed ZeRO-3: the parameter fetch and the gradient reduce-scatter, each issuing a coalesced collective
@@ -39,7 +41,7 @@ COMM_FRAMES: tuple[CommFrame, ...] = (
               "DeepSpeed", "0.10-0.16 deepspeed/runtime/zero/partition_parameters.py (huggingface/accelerate#3104)"),
     CommFrame(r"^reduce_scatter_coalesced \([\w/.-]*deepspeed/runtime/comm/coalesced_collectives\.py",
               "DeepSpeed", "0.10-0.16 deepspeed/runtime/comm/coalesced_collectives.py"),
-    CommFrame(r"^" + _COLL + r"\w* \([\w/.-]*deepspeed/comm/(?:torch|comm|ccl)\.py",
+    CommFrame(r"^" + _COLL + r" \([\w/.-]*deepspeed/comm/(?:torch|comm|ccl)\.py",
               "DeepSpeed", "0.9-0.16 deepspeed/comm/{comm,torch}.py (the deepspeed.comm facade over torch.distributed)"),
     # TensorRT-LLM's NCCL plugins (cpp/tensorrt_llm/plugins/ncclPlugin/*.cpp): the engine's collectives
     CommFrame(r"(?:tensorrt_llm::plugins::|^)AllgatherPlugin::", "TensorRT-LLM",
@@ -60,7 +62,7 @@ COMM_FRAMES: tuple[CommFrame, ...] = (
     # vLLM / SGLang communicators (device_communicators/*.py): CPU shared-memory all-reduce, pynccl, custom
     # all-reduce, and the GroupCoordinator / communication_op layer above them, spelt function-first by py-spy
     # (shm_broadcast.py is not one: its MessageQueue is the engine's control plane, a worker waiting in it waits for work)
-    CommFrame(r"^" + _COLL + r"\w* \([\w/.-]*(?:device_communicators/(?!shm_broadcast)\w+\.py|"
+    CommFrame(r"^" + _COLL + r" \([\w/.-]*(?:device_communicators/(?!shm_broadcast)\w+\.py|"
               r"distributed/parallel_state\.py|"
               r"distributed/communication_op\.py)",
               "vLLM / SGLang", "vLLM 0.6-0.11 distributed/device_communicators (CpuCommunicator, PyNcclCommunicator, "

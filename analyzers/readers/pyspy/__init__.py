@@ -52,10 +52,6 @@ def sniff(path: Path, head: bytes) -> bool:
     if h.startswith(b"["):
         if b'"thread_id"' in head and b'"frames"' in head and (b'"owns_gil"' in head or b'"os_thread_id"' in head):
             return True
-        if not h[1:].lstrip()[:1] in (b"{", b"]"):
-            # a log line's bracket ("[2026-03-17 17:31:53] Pyspy dump for PID ..."): text, for the line catalogue,
-            # where the lines around the dump (a server's own log) are read by their families too
-            return False
     if h[:1] in (b"{", b"\x80"):
         return False
     return bool(_SNIFF_TEXT.search(ANSI.sub("", head.decode("utf-8", errors="replace"))))
