@@ -71,7 +71,8 @@ FAMILIES: tuple[Family, ...] = (
         r"No available shared memory broadcast block|[Ww]atchdog timeout \(self\.watchdog_timeout=|"
         r"cudaErrorStreamCapture\w|operation not permitted when stream is capturing|"
         r"vLLM is using nccl==|Worker ready; awaiting tasks|world_size=\d+ rank=\d+ local_rank=\d+ distributed_init|"
-        r"is assigned as DP rank|(?:Prefill|Decode) batch[.,]|Avg prompt throughput: )",
+        r"is assigned as DP rank|(?:Prefill|Decode) batch[.,]|Avg prompt throughput: |"
+        r"Waiting for \d{1,6} (?:local, \d{1,6} remote )?core engine proc\(s\) to start)",
         r"(?:\[(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?: (?:DP|PP|TP|EP)\d{1,5}){1,4}\] )"
         r"Connecting to (?:tcp|ipc)://",
         r".{0,120}?\"(?:POST|GET) /v1/\S{0,200} HTTP/\d(?:\.\d)?\" 200\b", *server_statements.CATALOGUE)),

@@ -237,3 +237,14 @@ def test_a_server_whose_scheduler_watchdog_fired_is_not_idle() -> None:
     v = _verdict("sglang-pr20766")
     assert (v["status"], v["culprit_ranks"]) == ("idle", [])
     assert {r for read in v["input_reads"] for r in read["recognised"]} == {"pyspy", "server_log"}
+
+
+def test_a_container_stamp_before_vllm_s_own_prefix_and_the_engine_start_wait() -> None:
+    # https://github.com/vllm-project/vllm/issues/18260: "2025-05-16T13:12:16.645427617Z DEBUG 05-16 13:12:16
+    # [core_client.py:425] Waiting for 1 core engine proc(s) to start: {0}" every 10 s (exit 2 before: the stamp
+    # took vLLM's level with it); one stall row spanning the waits, no verdict of its own
+    doc = open_text(FIELD / "vllm-18260" / "container.log")
+    assert doc.lines[0].text == "Waiting for 1 core engine proc(s) to start: {0}"
+    (row,) = [o for o in _server_obs("vllm-18260", "container.log") if o["kind"] == "server_stall"]
+    assert (row["name"], row["value"], row["line"]) == ("engine_start_wait", 50, 1)
+    assert _verdict("vllm-18260")["status"] == "inconclusive"

@@ -47,7 +47,8 @@ FIELD_MAP: tuple[ColumnMap, ...] = (
 OBSERVATION_KINDS: dict[str, str] = {
     "completion": "name = server_ready (the server says it serves: fired up, Uvicorn running, startup complete, "
                   "vLLM API server starting), detail = the line",
-    "server_stall": "name = shm_broadcast_wait | scheduler_watchdog, value = seconds, detail = the line",
+    "server_stall": "name = shm_broadcast_wait | scheduler_watchdog | engine_start_wait (vLLM's API server waiting for "
+                    "its engine core), value = seconds, detail = the line",
     "progress": "name = batches (SGLang Prefill/Decode batch lines) | requests (HTTP 200 responses) | "
                 "running_requests (vLLM metrics 'Running: N reqs'); value = count seen (batches, requests) or the "
                 "last value; line = the last such line",

@@ -82,6 +82,9 @@ _PROGRESS = re.compile(r"(?P<label>Capturing (?:batches|CUDA graphs|num tokens)[
                        r"(?P<done>\d+)/(?P<total>\d+)")
 _STALLS = ((re.compile(r"No available shared memory broadcast block found in (\d{1,9}) ?s"), "shm_broadcast_wait"),
            (re.compile(r"[Ww]atchdog timeout \(self\.watchdog_timeout=(\d{1,9})"), "scheduler_watchdog"))
+#: vLLM's API server while its engine core process has not come up (v1 core_client / utils wait loop, repeated):
+#: "Waiting for 1 core engine proc(s) to start: {0}", later "Waiting for 1 local, 0 remote core engine proc(s) to start."
+_ENGINE_WAIT = re.compile(r"Waiting for \d{1,6} (?:local, \d{1,6} remote )?core engine proc\(s\) to start")
 _BATCH = re.compile(r"(?:Prefill|Decode) batch[.,]")
 _HTTP_OK = re.compile(r"\"(?:POST|GET|PUT) /\S{0,300} HTTP/\d(?:\.\d)?\" 200\b")
 _RUNNING = re.compile(r"Avg prompt throughput: .{0,200}?Running: (\d{1,9}) reqs")
@@ -224,6 +227,9 @@ class LogParser:
                                           first.detail if first else _detail(tags, message), tags, vllm_rank, pid,
                                           first.wall_ns if first else wall)
                 return
+        if "core engine proc" in message and _ENGINE_WAIT.search(message):
+            self._engine_wait(number, message, tags, vllm_rank, pid, wall)
+            return
         if self._serving_progress(number, message, tags, vllm_rank, pid, wall):
             return
         ver = _VLLM_VERSION.search(message) if "version" in message else None
@@ -253,6 +259,18 @@ class LogParser:
                 self.hits.append(Hit(number, "mark", phase.name, phase.category, None, _detail(tags, message),
                                       tags, vllm_rank, pid, wall, phase.server))
                 return
+
+    def _engine_wait(self, number: int, message: str, tags: dict[str, int], vllm_rank: int | None, pid: int | None,
+                     wall: int | None) -> None:
+        """The API server still waits for its engine core: one ``engine_start_wait`` stall row, its value the seconds
+        between the first and the last such line (when the lines carry times), its line the first."""
+        self.recognised = True
+        key = f"stall engine_start_wait {pid}"
+        first = self.progress.get(key)
+        start = first.wall_ns if first else wall
+        waited = (wall - start) // 1_000_000_000 if wall is not None and start is not None else None
+        self.progress[key] = Hit(first.line if first else number, "stall", "engine_start_wait", None, waited,
+                                  first.detail if first else _detail(tags, message), tags, vllm_rank, pid, start)
 
     def _serving_progress(self, number: int, message: str, tags: dict[str, int], vllm_rank: int | None,
                           pid: int | None, wall: int | None) -> bool:

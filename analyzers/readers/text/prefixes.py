@@ -38,11 +38,13 @@ _PYLOG = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:
                     r"\[?[\w./-]{1,120}:\d{1,6}\] ?")
 #: a log collector's or Python logging's own stamp in front of the line: ``2024-05-01 12:00:00,123 INFO ``,
 #: ``2024-05-01T12:00:00.123456789Z `` (kubectl logs --timestamps, docker logs -t), ``2024-05-01 12:00:00,123 - root -
-#: WARNING - ``. Bare only: a bracketed ``[2024-05-01 12:00:00]`` is NCCL's or SGLang's own and theirs to read. One
+#: WARNING - ``; a level followed by ``MM-DD hh:mm:ss`` is vLLM's own prefix behind a container's stamp
+#: (``2025-05-16T13:12:16.6Z DEBUG 05-16 13:12:16 [core_client.py:425] ``) and stays for _PYLOG. Bare only: a
+#: bracketed ``[2024-05-01 12:00:00]`` is NCCL's or SGLang's own and theirs to read. One
 #: space after it is the separator; the indentation behind it belongs to the message (a py-spy frame, a traceback).
 _LOGSTAMP = re.compile(
     r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?"
-    r"(?:(?: -)? (?:\[?(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL|TRACE|NOTICE)\]?"
+    r"(?:(?: -)? (?:\[?(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL|TRACE|NOTICE)\]?(?! \d\d-\d\d \d\d:\d\d:\d\d)"
     r"|[\w.]{1,60} - (?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL))(?: -|:)?)? ")
 _VLLM_PROC = re.compile(r"\((?P<tag>[A-Za-z_][\w.-]{0,60}?) pid=(?P<pid>\d{1,9})\)[ \t]?")
 
