@@ -70,7 +70,7 @@ def rows_per_rank(host_dirs: list[Path]) -> int:
             rings = sum(1 for _ in (hd / "rings").glob("*.ring")) if (hd / "rings").is_dir() else 0
             pids = None if rings else json.loads((hd / "meta.json").read_text()).get("pids")
             procs += rings or (len(pids) if isinstance(pids, dict) else 0)   # (a damaged meta.json: none)
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError, RecursionError):  # a meta.json nested past reason: none
             pass
     return max(MIN_ROWS, min(MAX_ROWS, ROW_BUDGET // max(1, procs)))
 

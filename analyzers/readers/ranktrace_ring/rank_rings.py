@@ -1,8 +1,6 @@
-"""The rings of one host directory read rank by rank through the record window (tracer/formats/recordwindow.py). A ring with a tail index
-(tracer/formats/ringwindow.py, issue #28) is read only where it must be: its latest records and the older ones the
-index names; the others (an older ring, an index that cannot vouch, a read asking for ops by seq or for every op's
-label) are mapped whole, the fields that decide which records matter read from every slot. Either way every field
-only of the records kept is decoded."""
+"""The rings of one host directory read rank by rank through the record window: a ring with a tail index (issue #28)
+only where it must be, its latest records and the older ones the index names; any other (an older ring, an index
+that cannot vouch, a read asking for ops by seq or every op's label) is mapped whole. Only kept records are decoded."""
 from __future__ import annotations
 
 import os
