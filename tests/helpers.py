@@ -61,11 +61,9 @@ def run_in_pty(args: list[str], cols: int = 80, rows: int = 50, timeout: float =
     everything written to the terminal, stdout). The process group is killed if it outlives `timeout`."""
     import fcntl
     import pty
-    import select
     import struct
     import termios
     import threading
-    import time
 
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
@@ -75,26 +73,39 @@ def run_in_pty(args: list[str], cols: int = 80, rows: int = 50, timeout: float =
     out_box: list[bytes] = []
     reader = threading.Thread(target=lambda: out_box.append(proc.stdout.read()), daemon=True)  # type: ignore
     reader.start()
+    written = drain_pty(master, proc, timeout)
+    reader.join(timeout=10)
+    return (proc.returncode, written.decode("utf-8", "replace"),
+            (out_box[0] if out_box else b"").decode("utf-8", "replace"))
+
+
+def drain_pty(master: int, proc: subprocess.Popen, timeout: float) -> bytes:
+    """Everything written to a pseudo-terminal's slave side until every holder of it has gone (or `timeout`); the
+    process is waited for, its group killed and `master` closed whatever happens."""
+    import select
+    import time
+
     chunks: list[bytes] = []
     try:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             r, _, _ = select.select([master], [], [], 0.5)
-            if r:
-                try:
-                    data = os.read(master, 65536)
-                except OSError:  # EIO: every holder of the slave side has gone
+            if not r:
+                if proc.poll() is not None:
                     break
-                if not data:
-                    break
-                chunks.append(data)
+                continue
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: every holder of the slave side has gone
+                break
+            if not data:
+                break
+            chunks.append(data)
         proc.wait(timeout=30)
     finally:
         kill_group(proc)
         os.close(master)
-    reader.join(timeout=10)
-    return (proc.returncode, b"".join(chunks).decode("utf-8", "replace"),
-            (out_box[0] if out_box else b"").decode("utf-8", "replace"))
+    return b"".join(chunks)
 
 
 def png_rgb(path: Path) -> tuple[int, int, list[bytes]]:

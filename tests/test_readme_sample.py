@@ -19,17 +19,15 @@ from __future__ import annotations
 import fcntl
 import os
 import re
-import select
 import shutil
 import struct
 import subprocess
 import termios
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import PY, REPO, TRACE, count_colour, kill_group, png_rgb, trace_env
+from tests.helpers import PY, REPO, TRACE, count_colour, drain_pty, png_rgb, trace_env
 from tests.vt_screen import Screen
 
 COLS, ROWS = 100, 60
@@ -61,29 +59,10 @@ def _run(cwd: Path) -> str:
     proc = subprocess.Popen(TRACE + ["run"] + OPTIONS + ["--"] + COMMAND, stdin=slave, stdout=slave, stderr=slave,
                             env=env, cwd=cwd, start_new_session=True, preexec_fn=controlling_terminal)
     os.close(slave)
-    chunks: list[bytes] = []
-    try:
-        deadline = time.monotonic() + 150
-        while time.monotonic() < deadline:
-            r, _, _ = select.select([master], [], [], 0.5)
-            if not r:
-                if proc.poll() is not None:
-                    break
-                continue
-            try:
-                data = os.read(master, 65536)
-            except OSError:
-                break
-            if not data:
-                break
-            chunks.append(data)
-        proc.wait(timeout=30)
-    finally:
-        kill_group(proc)
-        os.close(master)
-    assert proc.returncode == 3, b"".join(chunks)[-3000:]   # ranktrace's: a hang found, the job ended
+    written = drain_pty(master, proc, 150)
+    assert proc.returncode == 3, written[-3000:]   # ranktrace's: a hang found, the job ended
     screen = Screen(COLS, ROWS)
-    screen.feed(b"".join(chunks).decode("utf-8", "replace"))
+    screen.feed(written.decode("utf-8", "replace"))
     return "\n".join(screen.transcript(join_wrapped=True))
 
 

@@ -17,15 +17,13 @@ from __future__ import annotations
 import fcntl
 import os
 import re
-import select
 import struct
 import subprocess
 import termios
 import threading
-import time
 from pathlib import Path
 
-from tests.helpers import PY, REPO, TRACE, kill_group, trace_env
+from tests.helpers import PY, REPO, TRACE, drain_pty, trace_env
 from tests.vt_screen import Screen
 
 COLS, ROWS = 80, 24
@@ -47,28 +45,9 @@ def _run_on_pty(run_dir: Path, status: bool) -> bytes:
                             stderr=slave, env=env, cwd=REPO, start_new_session=True,
                             preexec_fn=controlling_terminal)
     os.close(slave)
-    chunks: list[bytes] = []
-    try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            r, _, _ = select.select([master], [], [], 0.5)
-            if not r:
-                if proc.poll() is not None:
-                    break
-                continue
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # EIO: every holder of the terminal has gone
-                break
-            if not data:
-                break
-            chunks.append(data)
-        proc.wait(timeout=30)
-    finally:
-        kill_group(proc)
-        os.close(master)
-    assert proc.returncode == 0, b"".join(chunks)[-2000:]
-    return b"".join(chunks)
+    written = drain_pty(master, proc, 90)
+    assert proc.returncode == 0, written[-2000:]
+    return written
 
 
 def _both(tmp_path: Path) -> tuple[str, str]:

@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ranktrace.tracer.watch.wait_probe import read_proc_file as _read
+
 __all__ = ["JobActivity", "Activity", "BusyChild", "COMPILERS", "child_text"]
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -62,19 +64,6 @@ class Activity:
     moved: list[str] = field(default_factory=list)
     busy_child: BusyChild | None = None
     rank_share: dict[int, float] = field(default_factory=dict)   # ring pid -> share of one core since the last look
-
-
-def _read(path: str, limit: int = 4096) -> bytes | None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, limit)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _stat(pid: str) -> tuple[str, int, int, int, str] | None:

@@ -63,6 +63,7 @@ class Deadline:
 
 
 def _read(path: str, limit: int = 4096) -> bytes | None:
+    """The first `limit` bytes of a /proc file, or None when it cannot be read (the process went, hidepid)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -73,6 +74,9 @@ def _read(path: str, limit: int = 4096) -> bytes | None:
         return None
     finally:
         os.close(fd)
+
+
+read_proc_file = _read  # also activity.py's: one reader of small /proc files for the watch side
 
 
 def _readlink(path: str) -> str | None:
