@@ -39,6 +39,8 @@ def test_a_hang_reported_live_survives_trace_run_being_killed(tmp_path: Path) ->
             pass
     got = run_trace(["analyze", str(run), "--json"], timeout=120)
     v = json.loads(got.stdout)
-    assert (v["status"], v["kind"], v["culprit_ranks"]) == ("hang", said["kind"], [1]), v["summary"]
+    # rank 1 (it skipped an all_reduce) may end on its own before or after the live report: either kind blames it
+    assert v["status"] == "hang" and v["culprit_ranks"] == [1], v["summary"]
+    assert v["kind"] in ("missing_ranks", "rank_exited") and said["kind"] in ("missing_ranks", "rank_exited")
     cut = next(f for f in v["findings"] if f["kind"] == "trace_incomplete")
     assert "reported the hang" in cut["summary"]
