@@ -79,7 +79,7 @@ def check_run(run_dir: Path, returncode: int, stderr: str, *, gpus: int, standin
     from ranktrace.analyzers.readers import nsys as nsys_reader
 
     out: list[Check] = [Check("trace run exits 3 (hang found, job killed)", returncode == 3, f"exit {returncode}")]
-    order = [stderr.find(s) for s in ("nsys: stopping collection", "exported to", "--on-hang kill: terminating")]
+    order = [stderr.find(s) for s in ("nsys: stopping collection", "exported to", "--on-hang kill: SIGTERM sent")]
     out.append(Check("report written and exported before the kill", -1 not in order and order == sorted(order),
                      f"positions in stderr {order}"))
     hosts = [d for d in run_dir.iterdir() if d.is_dir()]

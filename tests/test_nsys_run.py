@@ -116,7 +116,7 @@ def test_report_written_and_exported_while_the_job_is_still_hung_then_killed(hun
     # both ranks (and the spawning parent) were alive when nsys stopped and when the report was exported
     assert len(stop["app_alive"]) >= 3 and len(export["app_alive"]) >= 3
     err = res.stderr
-    assert err.index("nsys: stopping collection") < err.index("exported to") < err.index("--on-hang kill: terminating")
+    assert err.index("nsys: stopping collection") < err.index("exported to") < err.index("--on-hang kill: SIGTERM sent")
     hd = host_dir(run_dir)
     assert (hd / "nsys" / "report.sqlite").exists() and (hd / "nsys-rep" / "report.nsys-rep").exists()
     meta = json.loads((hd / "meta.json").read_text())
