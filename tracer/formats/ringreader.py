@@ -72,7 +72,7 @@ class RingContents:
         return {name: np.zeros(0, dtype=dt.fields[name][0]) for name in dt.names}
 
 
-def _cstr(b: bytes) -> str:
+def header_text(b: bytes) -> str:
     return b.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
@@ -125,8 +125,8 @@ class RingView:
             if version not in VERSIONS:  # 1 and 2 differ only in 2's tail index, in the header page
                 raise RingError(f"{path}: ring version {version}, this reader knows "
                                 f"{', '.join(map(str, VERSIONS))}")
-            rc = RingContents(path, pid, _cstr(host), _cstr(title), mono0, wall0, bool(flags & FLAG_META_FULL))
-            _read_meta(buf, meta_size, rc)
+            rc = RingContents(path, pid, header_text(host), header_text(title), mono0, wall0, bool(flags & FLAG_META_FULL))
+            read_meta_region(buf, meta_size, rc)
             for m in rc.meta:
                 if m.get("type") == "str":
                     rc.strings[int(m["id"])] = m["v"]
@@ -307,7 +307,7 @@ def read_ring(path: str) -> RingContents:
     return rc
 
 
-def _read_meta(buf: bytes, meta_size: int, rc: RingContents) -> None:
+def read_meta_region(buf: bytes, meta_size: int, rc: RingContents) -> None:
     off, end = META_OFFSET, min(META_OFFSET + meta_size, len(buf))
     while off + META_REC.size <= end:
         length, commit = META_REC.unpack_from(buf, off)

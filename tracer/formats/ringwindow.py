@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ranktrace.tracer.formats import ringformat as rf
-from ranktrace.tracer.formats.ringreader import RingContents, RingError, _cstr, _read_meta, slot_dtype
+from ranktrace.tracer.formats.ringreader import RingContents, RingError, header_text, read_meta_region, slot_dtype
 
 __all__ = ["RingWindow", "open_window", "MARGIN", "SLACK"]
 
@@ -154,9 +154,9 @@ def _open(fd: int, path: str, rows: int, file_size: int) -> RingWindow | None:
     for v in entries[entries > 0].tolist():
         if low <= v - 1 < start:
             need.add(int(v) - 1)
-    contents = RingContents(path, pid, _cstr(host), _cstr(title), mono0, wall0, bool(flags & rf.FLAG_META_FULL))
-    meta = _read_meta_region(fd, meta_size, first[rf.HEADER_SIZE:rf.HEADER_SIZE + meta_size])
-    _read_meta(head[:rf.META_OFFSET].ljust(rf.META_OFFSET, b"\0") + meta, meta_size, contents)
+    contents = RingContents(path, pid, header_text(host), header_text(title), mono0, wall0, bool(flags & rf.FLAG_META_FULL))
+    meta = _pread_meta(fd, meta_size, first[rf.HEADER_SIZE:rf.HEADER_SIZE + meta_size])
+    read_meta_region(head[:rf.META_OFFSET].ljust(rf.META_OFFSET, b"\0") + meta, meta_size, contents)
     for m in contents.meta:
         if m.get("type") == "str":
             contents.strings[int(m["id"])] = m["v"]
@@ -260,7 +260,7 @@ def _has_enter(runs: list[tuple[int, Any]], span: int, lo: int, hi: int) -> bool
     return False
 
 
-def _read_meta_region(fd: int, meta_size: int, start: bytes) -> bytes:
+def _pread_meta(fd: int, meta_size: int, start: bytes) -> bytes:
     """The meta region up to its first unused record (length 0): `start` (its first bytes, already read), then
     growing chunks — a 1 MiB region a rank fills with a few kilobytes costs those kilobytes."""
     out = bytearray(start)
