@@ -123,6 +123,14 @@ def test_a_repeated_waiting_line_is_not_news_but_a_progress_bar_is(tmp_path: Pat
     with log.open("a") as f:
         f.write("loading shard 3/8\n")
     assert act.look(3.0, set(), quiet_s=0.0).moved
+    # once every rank joined, a server's stats line is no progress of the ranks (vLLM's, every 10 s, hid a stopped
+    # rank for a minute); it is read past all the same, so it is no news later either
+    with log.open("a") as f:
+        f.write("Engine 000: Avg prompt throughput: 0.7 tokens/s, Running: 1 reqs\n")
+    assert act.look(4.0, set(), quiet_s=0.0, output_is_news=False).moved == []
+    with log.open("a") as f:
+        f.write("Engine 000: Avg prompt throughput: 0.0 tokens/s, Running: 1 reqs\n")
+    assert act.look(5.0, set(), quiet_s=0.0, output_is_news=False).moved == []
 
 
 # --- the threshold rule ----------------------------------------------------------------------------------------------

@@ -6,6 +6,8 @@ so a worker's compiler is not in the job's process group — it is only in the p
 page cache moves no storage counter (``read_bytes`` counts the block layer only): only the file offset of the
 checkpoint moves. A job that prints new lines (a progress bar, "loading shard 3/8") is at work; a job that prints
 the same line again and again, only its clock time or elapsed seconds changed (a store's "waiting ..."), is not.
+Lines are news only until every rank joined: after that the ranks' records speak, and a server's periodic stats line
+says nothing about a rank stopped inside a request.
 
 One pass over /proc per call (ppid, process group, CPU, storage I/O of every process), the file offsets of the
 ranks' regular files every ``OFFSETS_EVERY_S``, the new bytes of output.log: all bounded, nothing blocks.
@@ -110,13 +112,16 @@ class JobActivity:
         self._log_pos: int | None = None
         self._log_seen: set[bytes] = set()
 
-    def look(self, now: float, ring_pids: set[int], *, quiet_s: float, skip_dirs: tuple[str, ...] = ()) -> Activity:
+    def look(self, now: float, ring_pids: set[int], *, quiet_s: float, skip_dirs: tuple[str, ...] = (),
+             output_is_news: bool = True) -> Activity:
+        """`output_is_news`: False once the ranks' own records speak for the job (every rank joined): new lines are
+        still read past, so that they are not news later, but no longer count as progress."""
         out = Activity()
         self._processes(now, ring_pids, out)
         if quiet_s >= 1.0 and now - self._last_offsets >= OFFSETS_EVERY_S:
             self._last_offsets = now
             self._file_offsets(now, ring_pids, skip_dirs, out)
-        self._log_lines(out)
+        self._log_lines(out, output_is_news)
         return out
 
     # --- CPU and storage I/O of the job's other processes ------------------------------------------------------
@@ -219,7 +224,7 @@ class JobActivity:
         return out
 
     # --- new lines in the job's output ------------------------------------------------------------------------
-    def _log_lines(self, out: Activity) -> None:
+    def _log_lines(self, out: Activity, news: bool = True) -> None:
         if self.log_path is None:
             return
         try:
@@ -250,5 +255,5 @@ class JobActivity:
                 fresh += 1
                 if len(self._log_seen) < LOG_SEEN_MAX:
                     self._log_seen.add(key)
-        if fresh:
+        if fresh and news:
             out.moved.append(f"{fresh} new line{'s' if fresh > 1 else ''} of output")

@@ -243,7 +243,7 @@ class Monitor:
         st.procs = seen
         try:
             act = self.activity.look(now, set(pids), quiet_s=now - st.last_progress,
-                                     skip_dirs=(str(self.host_dir.resolve()),))
+                                     skip_dirs=(str(self.host_dir.resolve()),), output_is_news=not self._all_joined())
         except Exception as e:  # never a reason to stop watching
             self._fail("activity", e)
         else:
@@ -516,6 +516,13 @@ class Monitor:
         cpu = max(st.rank_cpu.get(t.pid, [0.0])) if alive else 0.0
         return RankView(t.rank if t.rank is not None else -1, parked, asleep, cpu,
                         bool(t.group_desc) and not t.in_init, t.phase or "")
+
+    def _all_joined(self) -> bool:
+        """Every rank of the world past its rendezvous. From then on the ranks' own records are the job's progress and
+        a line it prints is not: a server's periodic stats line ("Engine 000: Avg prompt throughput: 0.0 tokens/s,
+        Running: 1 reqs", vLLM, every 10 s) kept a rank stopped mid-request from being reported for a minute."""
+        views, world = self.rank_views()
+        return bool(world) and {v.rank for v in views if v.joined or v.parked == "exited"} >= set(range(world or 0))
 
     def threshold(self) -> Threshold:
         """How long this silence may last before it is a hang, and why (watch/threshold.py): fixed when
