@@ -1,8 +1,10 @@
 """Build script: the package map (the folders tracer/ and analyzers/ install as ranktrace.tracer and
 ranktrace.analyzers, every sub-package found here so none can be forgotten) and the one compiled piece,
-ranktrace.tracer.rank._fastspan (tracer/rank/_fastspan.c).
+ranktrace.tracer.rank._fastspan (tracer/rank/_fastspan.c) and the ring guard, ranktrace.tracer.rank._ringguard
+(tracer/rank/_ringguard.c: a ring truncated by someone else faults with SIGBUS in the job's own call; the guard turns
+that into a ring lost, not a rank killed).
 
-The extension is optional: where it cannot be compiled (no compiler, a Python older than 3.11), installation
+The extensions are optional: where it cannot be compiled (no compiler, a Python older than 3.11), installation
 still succeeds and the ranks run the pure-Python wrappers. Everything else is in pyproject.toml.
 """
 import os
@@ -29,5 +31,7 @@ setup(
     ext_modules=[
         Extension("ranktrace.tracer.rank._fastspan", ["tracer/rank/_fastspan.c"], optional=True,
                   extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wno-missing-braces"]),
+        Extension("ranktrace.tracer.rank._ringguard", ["tracer/rank/_ringguard.c"], optional=True,
+                  extra_compile_args=["-O2", "-std=gnu11", "-Wall"]),
     ],
 )

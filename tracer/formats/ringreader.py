@@ -90,7 +90,10 @@ def _open_ring(path: str) -> Any:
             raise RingError(f"{path}: not a regular file (a FIFO, socket or device), not a ranktrace ring")
         os.set_blocking(fd, True)
         if st.st_size == 0:
-            raise RingError(f"{path}: empty file, not a ranktrace ring")
+            # a ring is published (link) only once its header is written: an empty one was cut by someone else
+            raise RingError(f"{path}: empty file: a ring cut to 0 bytes after it was made (truncated by another "
+                            "process while its rank ran), its records lost" if str(path).endswith(".ring") else
+                            f"{path}: empty file, not a ranktrace ring")
         if st.st_blocks * 512 >= st.st_size:
             try:
                 return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)

@@ -241,6 +241,16 @@ def describe_exit(returncode: int) -> str:
     return f"job exited with status {returncode}; exit code {returncode} is the job's"
 
 
+def _ringguard_problem() -> str | None:
+    """Why a ring truncated under a running rank would end that rank with SIGBUS (tracer/rank/_ringguard.c not built
+    here), or None."""
+    try:
+        importlib.import_module("ranktrace.tracer.rank._ringguard")
+    except Exception as e:  # the ranks import it the same way
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
 def _fastpath_problem() -> str | None:
     """Why the ranks will run the pure-Python wrappers (tracer/rank/_fastspan.c not built here), or None."""
     if os.environ.get("RANKTRACE_FASTPATH", "1") == "0":
@@ -275,6 +285,10 @@ def launch(
     if fast_error:
         presenter.note(f"compiled fast path unavailable ({fast_error}): each traced call costs ~2 us instead of "
                        f"< 1 us")
+    guard_error = _ringguard_problem()
+    if guard_error:
+        presenter.note(f"ring guard unavailable ({guard_error}): a ring file truncated while its rank runs ends that "
+                       f"rank with SIGBUS")
     untraced = envplan.untraceable_reason(opts.command)
     if untraced:  # said before the job starts, kept in meta.json for the verdict (which then claims nothing)
         log(untraced)

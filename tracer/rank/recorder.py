@@ -21,6 +21,7 @@ import time
 from typing import Any, Callable
 
 from ..formats import ringformat as rf
+from . import ringguard
 
 __all__ = ["Recorder", "TailIndex", "DEFAULT_SLOTS", "DEFAULT_META_BYTES", "MIN_SLOTS", "MAX_SLOTS", "RATE_ENV",
            "SECONDS_ENV", "ring_slots", "reserve", "tail_supported"]
@@ -144,6 +145,8 @@ def _start_ticks() -> int:
         return 0
 
 
+
+
 class Recorder:
     """Owns one ring file. Not thread-hostile: op records may be written from any thread."""
 
@@ -176,6 +179,7 @@ class Recorder:
             os.unlink(tmp)
             raise
         os.close(fd)
+        self.guarded = ringguard.guard(self._buf)  # a ring cut by someone else: lost, the rank not killed
         rf.HEADER.pack_into(
             self._buf, 0, rf.MAGIC, rf.VERSION, os.getpid(), clock(), wall_clock(), meta_bytes, rf.SLOT_SIZE,
             slots, 0, socket.gethostname().encode()[:63], proctitle.encode("utf-8", "replace")[:127],
@@ -303,6 +307,8 @@ class Recorder:
         self.tail.note(_KIND[kind], _CAT[category], group_id, rf.NONE_I32 if peer is None else peer, name_id, tid, idx)
 
     def close(self) -> None:
+        if self.guarded:
+            ringguard.release(self._buf)
         try:
             self._buf.flush()
             self._buf.close()
