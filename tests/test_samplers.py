@@ -585,3 +585,28 @@ def test_a_wedged_nvml_is_given_up_with_one_line(tmp_path: Path, monkeypatch: py
     g.poll()
     g.request()
     assert len(logs) == 1
+
+
+def test_a_failed_py_spy_dump_says_py_spys_error_not_the_last_line_of_its_backtrace():
+    """py-spy ends a failure with a Rust backtrace; its last line ("10: main") was what the status line and the
+    dump's error said. A real py-spy on a gone pid and on a process that is not Python."""
+    import shutil
+
+    from ranktrace.tracer.watch.stack_sampler import pyspy_dump
+
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(exe).exists():
+        pytest.skip("py-spy not installed here")
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        for pid in (dead.pid, sleeper.pid):
+            err = pyspy_dump(exe, pid).error
+            assert err and err.startswith(f"py-spy dump of pid {pid} failed: "), err
+            said = err.split("failed: ", 1)[1]
+            assert not re.match(r"^\d+:", said) and "main" != said.split()[-1], err
+            assert re.search(r"(?i)process|python", said), err  # py-spy's own reason, in its words
+    finally:
+        sleeper.kill()
+        sleeper.wait()

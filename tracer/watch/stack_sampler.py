@@ -8,6 +8,7 @@ cap (re-emitted if seen again). One dump serves both the monitor's "did the stac
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import time
@@ -34,6 +35,22 @@ class StackDump:
     source: str = "pyspy"  # or "agent": the rank's own answer (tracer.agent), same JSON layout
 
 
+def pyspy_error_text(out: str, returncode: int) -> str:
+    """py-spy's own words for why it failed: its ``Error:`` line and the first cause, never its Rust backtrace
+    (whose last line, ``10: main``, is what the status line used to show)."""
+    lines = [ln.strip() for ln in (out or "").splitlines()]
+    cut = next((i for i, ln in enumerate(lines) if ln.startswith("Stack backtrace")), len(lines))
+    lines = [ln for ln in lines[:cut] if ln]
+    first = next((i for i, ln in enumerate(lines) if ln.startswith("Error:")), None)
+    if first is None:
+        return lines[0] if lines else f"exit {returncode}"
+    text = lines[first][len("Error:"):].strip()
+    causes = [re.sub(r"^\d+:\s*", "", ln) for ln in lines[first + 1:] if ln != "Caused by:"]
+    if causes and causes[0] and causes[0] not in text:
+        text += f" ({causes[0]})"
+    return text
+
+
 def pyspy_dump(pyspy: str, pid: int, *, native: bool = False, timeout: float = 5.0) -> StackDump:
     """``py-spy dump --nonblocking --json`` of one process (never pauses it). Never raises.
 
@@ -49,8 +66,7 @@ def pyspy_dump(pyspy: str, pid: int, *, native: bool = False, timeout: float = 5
     except OSError as e:
         return StackDump(pid, wall, mono, error=f"py-spy dump of pid {pid} could not start: {e}")
     if res.returncode != 0 or not res.stdout.strip().startswith("["):
-        msg = (res.stderr or res.stdout).strip().splitlines()
-        text = msg[-1] if msg else f"exit {res.returncode}"
+        text = pyspy_error_text(res.stderr or res.stdout, res.returncode)
         if "Permission" in text or "ptrace" in text.lower():
             text += " (ptrace denied: set kernel.yama.ptrace_scope=0 or run as the job's user with CAP_SYS_PTRACE)"
         return StackDump(pid, wall, mono, error=f"py-spy dump of pid {pid} failed: {text}")
