@@ -68,13 +68,15 @@ FAMILIES: tuple[Family, ...] = (
         r"Registering \d+ cuda graph addresses|Initializing a V\d LLM engine|Initializing an LLM engine|"
         r"vLLM API server|Graph capturing finished|KV Cache is allocated|Memory pool end|"
         r"Starting to load model|Loading model weights took|Uvicorn running on|Application startup complete|"
-        r"No available shared memory broadcast block|[Ww]atchdog timeout \(self\.watchdog_timeout=|"
+        r"No available shared memory broadcast block|"
         r"cudaErrorStreamCapture\w|operation not permitted when stream is capturing|"
         r"vLLM is using nccl==|Worker ready; awaiting tasks|world_size=\d+ rank=\d+ local_rank=\d+ distributed_init|"
         r"is assigned as DP rank|(?:Prefill|Decode) batch[.,]|Avg prompt throughput: |"
         r"Waiting for \d{1,6} (?:local, \d{1,6} remote )?core engine proc\(s\) to start)",
         r"(?:\[(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?: (?:DP|PP|TP|EP)\d{1,5}){1,4}\] )"
         r"Connecting to (?:tcp|ipc)://",
+        # SGLang's scheduler watchdog is quoted in prose too ("... it crash with Scheduler watchdog timeout (self....")
+        r".{0,400}?[Ww]atchdog timeout \(self\.watchdog_timeout=",
         r".{0,120}?\"(?:POST|GET) /v1/\S{0,200} HTTP/\d(?:\.\d)?\" 200\b", *server_statements.CATALOGUE)),
     Family("nvidia_smi", "ranktrace.analyzers.readers.nvidia_smi", _rx(
         r".{0,20}NVIDIA-SMI \S+\s+Driver Version", r"\s*GPU0\s+(?:GPU1|NIC0|mlx5_0|CPU Affinity)",

@@ -60,7 +60,8 @@ OBSERVATION_KINDS: dict[str, str] = {
     "nccl_destroy": "Destroy/Abort/Revoke START|COMPLETE: group=commId, rank, name=comm pointer, detail=what",
     "completion": "name=nccl_destroy per Destroy COMPLETE: group, rank, detail=the line",
     "init_failure": "name=connect|nccl_init: a set-up failure before Init COMPLETE; detail=file:line: message",
-    "transport_error": "name=nccl_warn (a failure WARN after Init COMPLETE) | cuda_error (Cuda failure WARN)",
+    "transport_error": "name=nccl_warn (a failure WARN after Init COMPLETE) | cuda_error (Cuda failure WARN) | "
+                       "net_error (NET/IB completion error / receive size check, whenever it comes)",
     "nccl_mismatch": "NCCL's own 'Mismatched collective detected' WARN (<= 2.7): name=file:line, value=the rank it names "
                      "'at and around' (a hint, never a culprit), detail=message; a WARN without host:pid:tid counts, "
                      "for no rank",

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 
 __all__ = ["NCCL_DTYPES", "P2P_RAW", "ROOTED_RAW", "COLL_RE", "SCAN_RE", "NRANKS_RE", "COLL_PREFIX_RE", "MARKER_RE",
            "BARE_VERSION_RE", "BARE_WARN_RE", "MISMATCH_RE", "INIT_RE", "FIELD_RES", "API_RE", "SUMMARY_RE", "TEARDOWN_RE", "TRANSPORT_RE", "RING_RE",
-           "CONNECT_FAIL_RE", "INIT_FAIL_RE", "CUDA_FAIL_RE", "OLD_FORMAT_RE", "TRAIL_RE", "SNIFF_RE", "SETTING_RES",
+           "CONNECT_FAIL_RE", "INIT_FAIL_RE", "CUDA_FAIL_RE", "NET_FAIL_RE", "OLD_FORMAT_RE", "TRAIL_RE", "SNIFF_RE", "SETTING_RES",
            "TUNING_MARK", "TUNING_RE", "TUNING_ALGOS", "TUNING_PROTOS", "normalize_comm_id", "looks_binary",
            "parse_ts"]
 
@@ -93,6 +93,12 @@ CONNECT_FAIL_RE = re.compile(
     r"Connect to \S+ failed|socketPollConnect|Connection refused|Connection timed out|"
     r"Connection closed by remote peer|socketProgress: Connection closed|No route to host")
 INIT_FAIL_RE = re.compile(r"[Bb]ootstrap|[Uu]nhandled [Ss]ystem [Ee]rror|bootstrapNet|remote process exited")
+#: the network transport's own failure WARNs (transport/net_ib.cc): an IB work completion with an error status
+#: ("NET/IB : Got completion from peer X with status=12 opcode=0 len=0 vendor err 129", older "Got completion with
+#: error 4, opcode 1, len 21938, vendor err 81") and the size check of a receive ("NET/IB : req 0/1 tag 0 peer X
+#: collective mismatch error, local size 496640 remote size 65536"); NVIDIA/nccl#214, #969, #1937
+NET_FAIL_RE = re.compile(r"NET/IB ?: .{0,300}?(?:collective mismatch error|Got completion (?:from peer \S{1,80} )?"
+                         r"with (?:status|error))")
 CUDA_FAIL_RE = re.compile(r"Cuda failure|CUDA failure|cuda(?:Error|Get|Launch|Memcpy|Malloc)\w* failed|"
                            r"peer access is not supported|an illegal memory access")
 #: NCCL < 2.3 wrote "host:pid:tid [dev] INFO" / "[dev] file.cc:N WARN" without the "NCCL" word

@@ -16,7 +16,7 @@ from ranktrace.analyzers.readers.base import Skipped
 from ranktrace.analyzers.readers.text import MAX_LINE_CHARS
 from ranktrace.analyzers.readers.nccl_log.grammar import (API_RE, BARE_VERSION_RE, COLL_PREFIX_RE, COLL_RE,
                                                           CONNECT_FAIL_RE, CUDA_FAIL_RE, FIELD_RES, INIT_FAIL_RE,
-                                                          INIT_RE, MARKER_RE, BARE_WARN_RE, MISMATCH_RE, NRANKS_RE, P2P_RAW, RING_RE, SCAN_RE,
+                                                          INIT_RE, MARKER_RE, BARE_WARN_RE, NET_FAIL_RE, MISMATCH_RE, NRANKS_RE, P2P_RAW, RING_RE, SCAN_RE,
                                                           SETTING_RES, SUMMARY_RE, TEARDOWN_RE, TRAIL_RE,
                                                           TRANSPORT_RE, TUNING_MARK, TUNING_RE, normalize_comm_id,
                                                           parse_ts)
@@ -683,6 +683,8 @@ class Reader:
         host, pid = base["host"], base["pid"]
         if CUDA_FAIL_RE.search(msg):
             kind, name = "transport_error", "cuda_error"
+        elif NET_FAIL_RE.search(msg):   # the network transport failed a transfer: whenever it comes, never set-up
+            kind, name = "transport_error", "net_error"
         else:
             connect = CONNECT_FAIL_RE.search(msg) is not None
             if not connect and not INIT_FAIL_RE.search(msg) and not trail:

@@ -178,7 +178,8 @@ class LogParser:
         self._sizes(line)
         if self._statements(number, message, tags, vllm_rank, pid, wall):
             return
-        if LOG_PREFIX.match(line) or _PROGRESS.search(line):
+        # SGLang's scheduler watchdog stays a statement when quoted without its log prefix (a report's prose)
+        if LOG_PREFIX.match(line) or _PROGRESS.search(line) or "atchdog timeout (self.watchdog_timeout=" in line:
             self._line_kinds(number, line, message, tags, vllm_rank, pid, wall)
 
     def _statements(self, number: int, message: str, tags: dict[str, int], vllm_rank: int | None, pid: int | None,

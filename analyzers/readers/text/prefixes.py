@@ -31,6 +31,8 @@ _TS = re.compile(_MONTH)
 #: kubectl logs --prefix: ``[pod/trainer-worker-3/pytorch] `` (pod, container); the pod is the host it ran on
 _KUBECTL = re.compile(r"\[pod/(?P<host>[\w.-]{1,253})/[\w.-]{1,63}\] ")
 _HOST_STREAM = re.compile(r"(?P<host>[\w.-]{1,128}) \[std(?:out|err)\]:? ")
+#: pdsh / DeepSpeed's multi-node launcher: ``104.171.201.171: `` (an IPv4 host, then the line that host printed)
+_PDSH_IP = re.compile(r"(?P<host>(?:25[0-5]|2[0-4]\d|1?\d{1,2})(?:\.(?:25[0-5]|2[0-4]\d|1?\d{1,2})){3}): ")
 _COMPOSE = re.compile(r"(?P<svc>[\w.-]{1,64}?)(?:[-_]\d{1,4})? {1,16}\| ")
 #: vLLM's logger: ``ERROR 05-08 19:06:38 [multiproc_executor.py:962] `` (older: ``INFO 09-03 02:15:41 utils.py:965] ``);
 #: it logs a worker's traceback one line at a time behind this prefix
@@ -110,7 +112,7 @@ def split_prefixes(line: str, srun: bool = False, srun_ranks: bool = True) -> tu
     ``May 01 12:00:00 node3 python[42]: ``, ``3: `` srun -l,
     ``[rank3]:`` torchrun, ``[1,3]<stdout>:`` mpirun,
     ``(VllmWorker rank=2 pid=51)`` vLLM, ``(RayWorkerWrapper pid=4009, ip=10.0.0.1)`` Ray, ``host [stderr] ``,
-    ``[pod/trainer-0/main] `` kubectl logs --prefix,
+    ``10.0.0.3: `` pdsh, ``[pod/trainer-0/main] `` kubectl logs --prefix,
     ``service_1  | `` docker compose, ``E   `` pytest). Each family's parser then reads the same message text, and the
     rank comes from the innermost prefix that names one. All patterns are anchored and bounded: linear in the line.
     """
@@ -160,6 +162,11 @@ def split_prefixes(line: str, srun: bool = False, srun_ranks: bool = True) -> tu
                     tp = int(m.group("tp"))
                 rest = rest[m.end():]
                 continue
+        m = _PDSH_IP.match(rest) if rest[:1].isdigit() else None
+        if m:
+            host = host or m.group("host")
+            rest = rest[m.end():]
+            continue
         m = _HOST_STREAM.match(rest)
         if m:
             host = m.group("host")

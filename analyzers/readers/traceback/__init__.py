@@ -17,6 +17,8 @@ FORMAT = "traceback"
 
 FIELD_MAP: tuple[ColumnMap, ...] = (
     ColumnMap('File "F", line N, in FUNC', "STACKS.frames", '"FUNC (short F:N)" innermost first', "[]", "py3.6"),
+    ColumnMap("rich box: │ F:N in FUNC │ (FUNC may wrap to the next box line), │ ❱ N │ code │", "STACKS.frames",
+              "the same frame and code", "[]", "rich 10"),
     ColumnMap("ExcType: message (last line)", "OBSERVATIONS.kind=exception name=ExcType (no module) detail",
               "str", "no row when cut", "py3.6"),
     ColumnMap("KeyboardInterrupt", "STACKS.thread_state=interrupted", "str", "exception", "py3.6"),

@@ -8,13 +8,15 @@ from ranktrace.analyzers.readers.base import Skipped
 from ranktrace.analyzers.readers.text import Line, TextDoc
 from ranktrace.analyzers.readers.common.torch_text import Speaker, speaker, strip_leaders
 from ranktrace.analyzers.readers.traceback.signatures import (CHAIN, CPP_FRAME, CPP_HEADER, EXC, FRAME, HEADER,
-                                                              CPP_FRAME_TORN, IGNORED, SEGV, SPAWN, THREAD)
+                                                              CPP_FRAME_TORN, IGNORED, RICH_BOX, RICH_CURRENT,
+                                                              RICH_HEADER, RICH_IN, RICH_LOC, SEGV, SPAWN, THREAD)
 
 __all__ = ["Frame", "Traceback", "CppBacktrace", "Scan", "scan"]
 
 _EXC_NAME = re.compile(r"(?:Error|Exception|Interrupt|Exit|Warning|Failure|Timeout|Iteration)$")
 _CARETS = frozenset("^~ ")
 _BOX = ("│", "└", "├", "┬", "┌")
+_RICH_LEAD = ("│", "╭", "╰")
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,8 @@ class _Scanner:
         # key -> (line, what, number, name): what a line said about the writer's next traceback
         self.pending: dict[tuple[object, ...], tuple[int, str, int | None, str | None]] = {}
         self.cpp: dict[tuple[object, ...], tuple[int, Speaker, str | None, list[str], list[str], bool]] = {}
+        # key -> (file, lineno): a rich frame location whose "in func" wrapped onto the next box line
+        self.rich_loc: dict[tuple[object, ...], tuple[str, str]] = {}
 
     def run(self) -> Scan:
         for ln in self.doc.lines:
@@ -123,6 +127,9 @@ class _Scanner:
             except (ValueError, IndexError) as e:
                 self.out.skipped.append(Skipped(self.doc.path, ln.no, f"traceback line not understood "
                                                                      f"({type(e).__name__}): {ln.text[:160]!r}"))
+        for key, (file, lineno) in list(self.rich_loc.items()):   # a location the paste cut after
+            if key in self.open:
+                self.open[key].frames.append(Frame(file, int(lineno), "?", None, self.open[key].line))
         for key in list(self.open):
             self.close(key)
         for key in list(self.cpp):
@@ -139,6 +146,40 @@ class _Scanner:
     def line(self, ln: Line) -> None:
         text, _ = strip_leaders(ln.text)
         key = self.key(ln)
+        if text.lstrip()[:1] in _RICH_LEAD:
+            for plain in self.rich(key, text):
+                self.plain_line(ln, key, plain)
+            return
+        self.plain_line(ln, key, text)
+
+    def rich(self, key: tuple[object, ...], text: str) -> list[str]:
+        """rich's box-drawn traceback line -> the plain traceback lines it stands for (none for its context lines,
+        borders and locals): the header, ``File "f", line N, in func`` for a location (which may wrap onto the next
+        box line), the code of the ``❱`` current line indented under it."""
+        out: list[str] = []
+        if RICH_HEADER.match(text):
+            self.rich_loc.pop(key, None)
+            return ["Traceback (most recent call last):"]
+        m = RICH_BOX.match(text) if text.lstrip()[:1] == "│" else None
+        inner = m.group("inner").strip() if m else ""
+        loc = self.rich_loc.pop(key, None)
+        fm = RICH_IN.match(inner) if loc else None
+        if loc:
+            out.append(f'  File "{loc[0]}", line {loc[1]}, in {fm.group("func") if fm else "?"}')
+            if fm:
+                return out
+        lm = RICH_LOC.match(inner)
+        if lm and lm.group("func"):
+            out.append(f'  File "{lm.group("file")}", line {lm.group("line")}, in {lm.group("func")}')
+        elif lm:
+            self.rich_loc[key] = (lm.group("file"), lm.group("line"))
+        else:
+            cm = RICH_CURRENT.match(inner)
+            if cm and cm.group("code").strip(" │"):
+                out.append("      " + cm.group("code").strip(" │"))
+        return out
+
+    def plain_line(self, ln: Line, key: tuple[object, ...], text: str) -> None:
         if self.cpp_line(ln, key, text):
             return
         if HEADER.search(text):

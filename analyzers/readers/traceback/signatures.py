@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 __all__ = ["SIGNATURE", "HEADER", "FRAME", "CHAIN", "SPAWN", "THREAD", "EXC", "IGNORED", "CPP_HEADER", "CPP_FRAME",
-           "CPP_FRAME_TORN", "SEGV"]
+           "CPP_FRAME_TORN", "SEGV",
+           "RICH_HEADER", "RICH_BOX", "RICH_LOC", "RICH_IN", "RICH_CURRENT"]
 
 # Python (3.6 – 3.13)::
 #
@@ -24,6 +25,16 @@ __all__ = ["SIGNATURE", "HEADER", "FRAME", "CHAIN", "SPAWN", "THREAD", "EXC", "I
 #     frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x57 (0x7f32 in /x/torch/lib/libc10.so)
 #     frame #4: <unknown function> + 0xe6793 (0x7f32 in /lib/x86_64-linux-gnu/libstdc++.so.6)
 #
+# rich's box-drawn traceback (``rich.traceback``, installed by accelerate / typer / many CLIs); a frame's location may
+# wrap onto the next box line (``│ in wait_for_everyone │``), the current line is marked ``❱``::
+#
+#     ╭───────────────────── Traceback (most recent call last) ──────────────────────╮
+#     │ /x/accelerate/utils/other.py:81 in wait_for_everyone                         │
+#     │    80 │   ):                                                                 │
+#     │ ❱  81 │   │   torch.distributed.barrier()                                    │
+#     ╰──────────────────────────────────────────────────────────────────────────────╯
+#     RuntimeError: message
+#
 # Faulthandler's ``File "x", line 12 in f`` (no comma) is another family's. Every pattern is linear: anchored or
 # literal-led, bounded repetitions, no nested quantifiers.
 
@@ -31,6 +42,8 @@ _STAMP = r"(?:[A-Z][a-z]{2} {1,2}\d{1,2} \d\d:\d\d:\d\d |\d{4}-\d\d-\d\dT[\d:.]{
 # Frame lines mark a traceback (a header without frames holds nothing to read): both kinds are anchored, so the
 # walk over a long log stays cheap.
 SIGNATURE = "|".join((
+    r"\s{0,40}│ ❱ {0,4}\d{1,7} │",
+    r"\s{0,40}╭─{1,200} ?Traceback \(most recent call last\) ?─",
     rf"{_STAMP}\s{{0,40}}(?:> )?File \"[^\"\n]{{1,1000}}\", line \d{{1,7}}, in ",
     rf"{_STAMP}\s{{0,8}}frame #\d{{1,5}}: \S",
 ))
@@ -38,6 +51,12 @@ SIGNATURE = "|".join((
 HEADER = re.compile(r"Traceback \(most recent call last\):\s*$")
 FRAME = re.compile(r"^(?P<ind>\s{0,80})(?:> )?File \"(?P<file>[^\"\n]{1,2000})\", line (?P<line>\d{1,7}), in "
                    r"(?P<func>\S.{0,400}?)\s*$")
+RICH_HEADER = re.compile(r"^\s{0,40}╭─{1,200} ?Traceback \(most recent call last\) ?─{1,200}╮?\s*$")
+#: the inside of one box line: ``│ <inner> │`` (the right border may be cut by a narrow paste)
+RICH_BOX = re.compile(r"^\s{0,40}│ ?(?P<inner>.{0,2000}?) ?(?:│\s*)?$")
+RICH_LOC = re.compile(r"^(?P<file>[^\s│]{1,1000}?\.py[cw]?):(?P<line>\d{1,7})(?: {1,4}in (?P<func>[^\s│]{1,400}))?$")
+RICH_IN = re.compile(r"^in (?P<func>[^\s│]{1,400})$")
+RICH_CURRENT = re.compile(r"^❱ {0,4}\d{1,7} │ ?(?P<code>.{0,2000}?)$")
 CHAIN = re.compile(r"^\s{0,8}(?:During handling of the above exception, another exception occurred|The above "
                    r"exception was the direct cause of the following exception):\s*$")
 # torch's fatal-signal report (2.x): the native frames that follow are printed like Python frames, innermost first:

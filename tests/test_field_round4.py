@@ -1,0 +1,96 @@
+"""Round 4 of the field readers (#26): what launchers and pastes put around the text, each on an artifact as posted
+in a public thread (tests/field/<case>/, the URL in its case.json).
+
+* pdsh's ``104.171.201.171: `` host prefix (DeepSpeed's multi-node launcher) —
+  https://github.com/huggingface/accelerate/issues/1317, https://github.com/NVIDIA/nccl/issues/969
+* rich's box-drawn traceback (``│ /x/other.py:81 │`` / ``│ in wait_for_everyone │`` / ``│ ❱ 81 │ code │``) —
+  https://github.com/huggingface/accelerate/issues/1317, https://github.com/MLI-lab/DeepDeWedge/issues/20
+* NCCL's network-transport failure WARNs (``NET/IB : ... collective mismatch error``, ``Got completion from peer ...
+  with error 4``) — https://github.com/NVIDIA/nccl/issues/969, https://github.com/NVIDIA/nccl/issues/928
+* SGLang's scheduler watchdog quoted in a report's prose — https://github.com/sgl-project/sglang/issues/33393
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ranktrace.analyzers import api
+from ranktrace.analyzers.readers import nccl_log
+from ranktrace.analyzers.readers.text import open_text
+from ranktrace.analyzers.readers.text.prefixes import split_prefixes
+from ranktrace.analyzers.readers.traceback.scan import Traceback, scan as scan_tracebacks
+from tests.helpers import REPO
+
+FIELD = REPO / "tests" / "field"
+
+
+def _files(case: str) -> list[Path]:
+    meta = json.loads((FIELD / case / "case.json").read_text())
+    return [FIELD / case / f for f in meta["files"]]
+
+
+def _verdict(paths: list[Path]) -> dict:
+    return api.analyze(paths, liveness=None).verdict.to_dict()
+
+
+def test_pdsh_host_prefix_is_peeled_and_names_the_host() -> None:
+    line = (FIELD / "accelerate-1317" / "pdsh_log.txt").read_text().splitlines()[8]
+    prefix, message = split_prefixes(line)
+    assert prefix.host == "104.171.201.171"
+    assert message.startswith("│ ❱  81 │")
+    # a version number or a ratio in a message is no host
+    assert split_prefixes("1.5: not a host")[0].host is None
+
+
+def test_rich_box_traceback_is_read_as_its_frames() -> None:
+    # accelerate-1317: the location wraps onto the next box line ("│ in wait_for_everyone │"), the ❱ line is the code
+    (path,) = _files("accelerate-1317")
+    records = [r for r in scan_tracebacks(open_text(path)).records if isinstance(r, Traceback)]
+    assert len(records) == 1
+    frame = records[0].frames[0]
+    assert (frame.file.rsplit("/", 1)[-1], frame.lineno, frame.func) == ("other.py", 81, "wait_for_everyone")
+    assert frame.code == "torch.distributed.barrier()"
+    assert records[0].exc_type is None   # the paste cut the exception line: unknown, not invented
+
+
+def test_a_rich_traceback_is_no_longer_nothing_readable() -> None:
+    # both were exit 2 before: a person reads the barrier call (accelerate-1317) and the store timeout (deepdewedge-20)
+    v = _verdict(_files("accelerate-1317"))
+    assert v["status"] in ("hang", "crashed") and (v["operation"] or {}).get("name") == "barrier"
+    v = _verdict(_files("deepdewedge-20"))
+    assert (v["status"], v["kind"]) == ("crashed", "init_hang")
+
+
+def test_net_ib_failure_warn_is_a_transport_failure_not_a_mismatched_call() -> None:
+    # nccl-969: the maintainer's answer was "environment configure error"; the WARN's "collective mismatch error" is
+    # the IB receive's size check, so no collective_mismatch verdict, but the run did fail
+    v = _verdict(_files("nccl-969"))
+    assert v["status"] == "crashed" and v["kind"] != "collective_mismatch"
+    assert "net_ib.cc" in v["summary"] or "NET/IB" in v["summary"]
+    # nccl-928: "NET/IB : Got completion from peer ... with error 4 ... vendor err 81" on several hosts
+    (path,) = _files("nccl-928")
+    obs = nccl_log.read(path).observations.to_pylist()
+    assert any(o["kind"] == "transport_error" and o["name"] == "net_error" and "vendor err 81" in o["detail"]
+               for o in obs)
+    assert _verdict([path])["status"] == "crashed"
+
+
+def test_sglang_watchdog_quoted_in_prose_is_read_but_names_no_collective() -> None:
+    # sglang-33393: the only text is the report's sentence; it was "nothing readable" (exit 2)
+    (path,) = _files("sglang-33393")
+    res = api.analyze([path], liveness=None)
+    v = res.verdict.to_dict()
+    (read,) = v["input_reads"]
+    assert "server_log" in read["recognised"] and read["lines_used"] == 1
+    assert v["operation"] is None or not (v["operation"] or {}).get("name")
+
+
+def test_half_prose_half_log_keeps_the_readable_half(tmp_path: Path) -> None:
+    # a ticket that quotes one NCCL WARN line between sentences: the line is used, the prose counted as not read
+    warn = (FIELD / "nccl-969" / "error_log.txt").read_text().splitlines()[0]
+    p = tmp_path / "ticket.txt"
+    p.write_text("We see this on two nodes since Monday.\n" + warn + "\nAny idea? It worked last week.\n")
+    v = _verdict([p])
+    (read,) = v["input_reads"]
+    assert read["lines_used"] == 1 and read["lines_total"] == 3
+    assert v["status"] == "crashed"
