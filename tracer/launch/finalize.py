@@ -161,15 +161,11 @@ def _socket_owner_alive(pid: int, sock: Path) -> bool:
     made (a later start is another process that got the pid since)."""
     from ranktrace.tracer.launch import pidident
 
+    from ranktrace.tracer.watch.live import pid_running
+
     st = pidident.stat(pid)
-    if st is None:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True  # alive but /proc hides it (hidepid): keep
+    if st is None:  # /proc hides it (hidepid): existence is all that can be known (live.py's one check)
+        return pid_running(pid)
     if st.zombie:
         return False
     try:
