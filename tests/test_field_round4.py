@@ -94,3 +94,20 @@ def test_half_prose_half_log_keeps_the_readable_half(tmp_path: Path) -> None:
     (read,) = v["input_reads"]
     assert read["lines_used"] == 1 and read["lines_total"] == 3
     assert v["status"] == "crashed"
+
+
+def test_sglangs_subprocess_watchdog_crash_line_is_a_crash_that_blames_no_rank(tmp_path: Path) -> None:
+    """SGLang 0.5.23's SubprocessWatchdog (srt/utils/watchdog.py, the release's source: no posted sample found yet)
+    logs `Subprocess scheduler_1 (pid=4242) crashed with exit code -9. Triggering SIGQUIT for cleanup...`; the
+    scheduler's index counts this node's processes, not a global rank, so the crash names no culprit."""
+    log = tmp_path / "server.log"
+    log.write_text(
+        "[2026-01-10 10:00:00] server_args=ServerArgs(model_path='m', tp_size=2)\n"
+        "[2026-01-10 10:00:20 TP0] Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=60.00 GB\n"
+        "[2026-01-10 10:00:20 TP1] Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=60.00 GB\n"
+        "[2026-01-10 10:00:40] Subprocess scheduler_1 (pid=4242) crashed with exit code -9. Triggering SIGQUIT for "
+        "cleanup...\n")
+    v = _verdict([log])
+    assert v["status"] == "crashed", (v["status"], v["summary"])
+    assert "signal 9" in v["summary"], v["summary"]
+    assert v["culprit_ranks"] == [], v["culprit_ranks"]

@@ -42,6 +42,13 @@ STATEMENTS: tuple[Statement, ...] = (
     _s("sglang_child_failed", "rank_exit", "Received sigquit from a child proces",
        r"Received sigquit from a child process?\.",
        "SGLang srt/entrypoints/engine.py (0.3 ... 0.5); sgl-project/sglang#3752, #8974"),
+    # sglang/srt/utils/watchdog.py SubprocessWatchdog._check_processes (0.5.2x): logger.error(f"Subprocess {name}
+    # (pid={proc.pid}) crashed with exit code {proc.exitcode}. Triggering SIGQUIT for cleanup..."), names
+    # f"scheduler_{i}" (engine.py; i counts this node's scheduler processes, not a global rank: no rank is taken);
+    # a negative code is the signal that ended it (multiprocessing's exitcode)
+    _s("sglang_subprocess_crashed", "rank_exit", "crashed with exit code",
+       r"Subprocess (?P<what>[\w.-]{1,64})(?: \(pid=\d{1,10}\))? crashed with exit code (?P<code>-?\d{1,6}|None)",
+       "SGLang srt/utils/watchdog.py SubprocessWatchdog (0.5.23 source)"),
     # sglang/srt/managers/scheduler.py run_scheduler_process: logger.error(f"Scheduler hit an exception: {traceback}")
     # then parent_process.send_signal(SIGQUIT): that scheduler (the line's TP rank) ends
     _s("sglang_scheduler_exception", "rank_exit", "Scheduler hit an exception",
