@@ -111,3 +111,23 @@ def test_sglangs_subprocess_watchdog_crash_line_is_a_crash_that_blames_no_rank(t
     assert v["status"] == "crashed", (v["status"], v["summary"])
     assert "signal 9" in v["summary"], v["summary"]
     assert v["culprit_ranks"] == [], v["culprit_ranks"]
+
+
+def test_sglangs_configured_log_prefix_gives_the_lines_rank_pid_and_time() -> None:
+    """SGLang under a logging config of its own writes `2025-08-28 21:19:34 ERROR 125765 [ DP10 TP10 EP10
+    scheduler.py:2655] ...` (the line as issue #26 quotes it from a public thread): the rank is the line's TP tag."""
+    from ranktrace.analyzers.readers import server_log
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        log = Path(d) / "server.log"
+        log.write_text(
+            "[2025-08-28 21:10:00 DP10 TP10 EP10] Load weight end. type=DeepseekV3ForCausalLM, dtype=torch.bfloat16, "
+            "avail mem=20.00 GB, mem usage=50.00 GB.\n"
+            "2025-08-28 21:19:34 ERROR 125765 [ DP10 TP10 EP10 scheduler.py:2655] Scheduler hit an exception: "
+            "Traceback (most recent call last):\n")
+        rows = server_log.read(log).observations.to_pylist()
+    exits = [r for r in rows if r["kind"] == "rank_exit"]
+    assert [(r["rank"], r["pid"], r["line"]) for r in exits] == [(10, 125765, 2)], rows
+    assert exits[0]["wall_ns"] is not None

@@ -68,6 +68,12 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\[[0-9;]{1,8}m(?=\S|\s)")
 _SGLANG_TAG = re.compile(
     r"\[(?P<ts>(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2})(?:[.,]\d+)?(?P<tags>(?: (?:DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)\d+)*)"
     r"\]")
+#: SGLang under a logging config of its own (SGLANG_LOGGING_CONFIG_PATH): date, level, pid, then the tags and the
+#: call site in brackets — "2025-08-28 21:19:34 ERROR 125765 [ DP10 TP10 EP10 scheduler.py:2655] ..." (quoted from a
+#: public thread in issue #26)
+_SGLANG_CONFIGURED = re.compile(
+    r"^(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:[.,]\d+)? (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<pid>\d{1,10}) "
+    r"\[ ?(?P<tags>(?:(?:DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)\d{1,6} ?){1,8})(?:[\w.-]{1,80}\.py:\d{1,6})? ?\]")
 _VLLM_PAREN = re.compile(r"\((?P<name>[A-Za-z][\w]*?)(?: rank=(?P<rank>\d+))? pid=(?P<pid>\d+|\.\.\.)(?:, ip=[^)]*)?\)")
 _VLLM_TIME = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<md>\d{2}-\d{2}) (?P<hms>\d{2}:\d{2}:\d{2})")
 _FULL_DATE = re.compile(r"\b(\d{4})-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}")
@@ -158,6 +164,11 @@ class LogParser:
             self.recognised = self.recognised or bool(tags)
             wall = _wall(m.group("ts"))
             message = line[m.end():].strip()
+        elif (c := _SGLANG_CONFIGURED.match(line)) is not None:
+            tags = {k: int(v) for k, v in _TAG_TOKENS.findall(c.group("tags"))}
+            self.recognised = self.recognised or bool(tags)
+            wall, pid = _wall(c.group("ts")), int(c.group("pid"))
+            message = line[c.end():].strip()
         parens = list(_VLLM_PAREN.finditer(line))
         if parens:
             self.recognised = True
