@@ -7,7 +7,8 @@ None of them may get a hang or crash verdict, and none may name a culprit rank.
 Each case is analysed as a user would (`trace analyze <its files>`): in this process through
 `ranktrace.analyzers.api.analyze(paths, liveness=None)` by default, or with --subprocess in a fresh
 `python -m ranktrace.cli analyze --json --no-snapshot` per case. Prints per case status/kind/culprits, then per split
-(tune / holdout / all):
+(tune / holdout / holdout2 / all; holdout2 is round 2's fresh held-out split, collected after round 1's
+holdout had been looked at):
 
 * alarms   — hang or crashed verdicts (must be 0);
 * culprits — cases whose verdict names any culprit rank (must be 0);
@@ -36,6 +37,8 @@ CORPUS = REPO / "tests" / "data" / "false_alarm"
 SHARED = Path(os.environ.get("RANKTRACE_SHARED", REPO.parent / "shared"))
 
 ALARM = {"hang", "crashed"}
+#: the splits, in print order; nobody tunes the analyzer on a holdout split
+SPLITS = ("tune", "holdout", "holdout2")
 # what a verdict's status may be for each truth to count as right
 RIGHT = {
     "completed": {"completed"},
@@ -119,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", type=Path, default=CORPUS)
     ap.add_argument("--subprocess", action="store_true", help="a fresh `trace analyze` process per case")
     ap.add_argument("--json", nargs="?", const="-", help="write the table and totals as JSON (to FILE, or - for stdout)")
-    ap.add_argument("--split", choices=["tune", "holdout"], help="only this split")
+    ap.add_argument("--split", choices=list(SPLITS), help="only this split")
     ap.add_argument("-k", help="only cases whose id contains this")
     ap.add_argument("--strict", action="store_true", help="exit 1 on any alarm or culprit")
     args = ap.parse_args(argv)
@@ -132,10 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(r)
         if not quiet:
             mark = "ALARM" if r["alarm"] else ("BLAME" if r["has_culprit"] else ("ok   " if r["right"] else "-    "))
-            print(f"{mark} {r['id']:<40} {r['split']:<7} truth {r['truth']:<9} got {r['status']}/{r['kind']}"
+            print(f"{mark} {r['id']:<40} {r['split']:<8} truth {r['truth']:<9} got {r['status']}/{r['kind']}"
                   f"{'/' + str(r['op']) if r['op'] else ''}{' culprits ' + str(r['culprits']) if r['culprits'] else ''}",
                   flush=True)
-    by_split = {s: totals([r for r in rows if r["split"] == s]) for s in ("tune", "holdout")}
+    by_split = {s: totals([r for r in rows if r["split"] == s]) for s in SPLITS}
     by_split["all"] = totals(rows)
     if not quiet:
         print()
