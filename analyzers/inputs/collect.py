@@ -222,6 +222,33 @@ class _NotRegular(Exception):
     pass
 
 
+_HOLE_SCAN = 64 << 20   # NUL bytes stored on disk read past to find a head of text (sparse holes cost nothing)
+
+
+def _bare_head(f: Path, head: bytes) -> bytes:
+    """The first HEAD_BYTES of `f` once its NUL runs are dropped: read on past the head (stepping over sparse holes)
+    where the head is mostly hole, so a copytruncate'd log that starts with 1 MiB of NULs is still a log."""
+    from ranktrace.analyzers.readers.text.holes import Holes, read_past_holes
+
+    bare = head.replace(b"\x00", b"")
+    if len(bare) >= HEAD_BYTES // 4 or len(head) < HEAD_BYTES:
+        return bare
+    try:
+        fd = os.open(f, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return bare
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return bare
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            text, _passed, _scanned = read_past_holes(fh, HEAD_BYTES - 1, Holes(), scan=_HOLE_SCAN)
+    except OSError:
+        return bare
+    finally:
+        os.close(fd)
+    return text[:HEAD_BYTES]
+
+
 def _small_file(f: Path, limit: int) -> bytes:
     """A small file of ours (meta.json, system.json) read whole: opened non-blocking (a FIFO would wait forever),
     a plain file only, at most `limit` bytes; ValueError otherwise."""
@@ -253,8 +280,9 @@ def _read_file(f: Path, readers: list[tuple[str, Any]], results: list[ReadResult
     if not head:
         skipped.append(Skipped(str(f), None, "empty file"))
         return []
-    # NUL runs are holes (a crash, copytruncate): a JSON document with one is still JSON to the sniffers that ask
-    bare = head.replace(b"\x00", b"") if b"\x00" in head else head
+    # NUL runs are holes (a crash, copytruncate): a JSON document with one is still JSON to the sniffers that ask,
+    # and a log that starts with a hole longer than the head is judged by the text after it
+    bare = _bare_head(f, head) if b"\x00" in head else head
     json_like = bare.lstrip()[:1] == b"{" or (  # "[2026-03-17 ... TP1] ..." / "[rank2]:" open a log, not JSON
         bare.lstrip()[:1] == b"[" and bare.lstrip()[1:].lstrip()[:1] in (b"{", b"[", b"]", b'"'))
     for name, mod in readers:
@@ -275,7 +303,7 @@ def _read_file(f: Path, readers: list[tuple[str, Any]], results: list[ReadResult
         except Exception as e:  # a reader bug must not lose the other files
             skipped.append(Skipped(str(f), None, f"{name} reader failed: {type(e).__name__}: {e}"))
             return []
-    if _looks_binary(head):
+    if _looks_binary(bare):
         skipped.append(Skipped(str(f), None, "binary content, not a format ranktrace reads (skipped)"))
         reads.append(InputRead(str(f), (), note="binary"))
         return []

@@ -4,6 +4,7 @@ Stages: :mod:`.scan` (bytes -> chunks, COLL records in bulk) -> :mod:`.interpret
 ``seq``, observations) -> :mod:`.tables` (Arrow tables); patterns in :mod:`.grammar`."""
 from __future__ import annotations
 
+import dataclasses
 import io
 
 from pathlib import Path
@@ -12,7 +13,7 @@ from ranktrace.analyzers.readers.base import ColumnMap, ReadResult, ReaderError,
 from ranktrace.analyzers.readers.nccl_log.grammar import (NCCL_DTYPES, OLD_FORMAT_RE, SNIFF_RE, looks_binary,
                                                           normalize_comm_id)
 from ranktrace.analyzers.readers.nccl_log.interpret import Reader
-from ranktrace.analyzers.readers.nccl_log.tables import build_result
+from ranktrace.analyzers.readers.nccl_log.tables import NUL_NOTE as _NUL_NOTE, build_result
 from ranktrace.analyzers.readers.text import TextDoc
 
 __all__ = [
@@ -207,7 +208,10 @@ def read_doc(doc: TextDoc) -> ReadResult:
     except OSError:
         big = False
     if big and not path.name.endswith(".gz"):
-        return read(path)
+        res = read(path)
+        if any("NUL" in n.reason for n in doc.notes):  # the opener said the holes: said once
+            res = dataclasses.replace(res, skipped=tuple(s for s in res.skipped if not s.reason.endswith(_NUL_NOTE)))
+        return res
     text = doc.raw_text()
     if "NCCL INFO" not in text and "NCCL WARN" not in text:
         text = OLD_FORMAT_RE.sub(r"\1NCCL \2 ", text)   # NCCL < 2.3: "host:pid:tid [0] INFO ..." without "NCCL"

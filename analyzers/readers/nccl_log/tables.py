@@ -16,7 +16,9 @@ from ranktrace.analyzers.readers.nccl_log.grammar import (NCCL_DTYPES, P2P_RAW, 
                                                           TUNING_PROTOS)
 from ranktrace.analyzers.readers.nccl_log.interpret import NMETA, Reader, block
 
-__all__ = ["build_result"]
+__all__ = ["build_result", "NUL_NOTE"]
+
+NUL_NOTE = " (a sparse hole, or the file was truncated while being written)"   # ends the NUL note: read_doc's key
 
 _BATCH_ROWS = 1 << 16       # small blocks are merged up to this many rows per record batch of the result
 
@@ -59,8 +61,7 @@ def build_result(st: Reader, fmt: str) -> ReadResult:
                                   "decoded with replacement characters"))
     if st.nul_bytes:
         st.skipped.append(Skipped(st.file, st.nul_line,
-                                  f"{st.nul_bytes} NUL bytes ignored, the first near this line (a sparse "
-                                  "hole, or the file was truncated while being written)"))
+                                  f"{st.nul_bytes} NUL bytes ignored, the first near this line{NUL_NOTE}"))
     if st.torn > 50:
         st.skipped.append(Skipped(st.file, None, f"{st.torn} torn lines in all (first 50 listed)"))
     for r in st.obs:

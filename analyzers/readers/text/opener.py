@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ranktrace.analyzers.readers.base import ReaderError, Skipped
 from ranktrace.analyzers.readers.common.ranks import rank_from_name
+from ranktrace.analyzers.readers.text.holes import MAX_SCAN_BYTES, Holes, read_past_holes, strip_nuls
 from ranktrace.analyzers.readers.text.prefixes import (SRUN_PREFIX, LinePrefix, split_prefixes, strip_ansi,
                                                        strip_collector)
 
@@ -101,11 +102,14 @@ def open_text(path: str | Path) -> TextDoc:
 def text_of_bytes(name: str, data: bytes, notes: list[Skipped] | None = None) -> TextDoc:
     """A TextDoc of bytes already read (`name` is what notes and evidence call the input)."""
     notes = list(notes or [])
-    nuls = data.count(b"\x00")
-    if nuls:
-        first = data[:data.index(b"\x00")].count(b"\n") + 1
-        notes.append(Skipped(name, first, f"{nuls} NUL byte(s) dropped (a hole left by a crash or a copy)"))
-        data = data.replace(b"\x00", b"")
+    if b"\x00" in data:  # bytes that did not come through _read_bytes (gzip, an archive member, a caller's)
+        holes = Holes()
+        kept = bytearray()
+        view = memoryview(data)
+        for at in range(0, len(data), 1 << 20):
+            kept += strip_nuls(view[at:at + (1 << 20)], at, len(kept), holes)
+        data = bytes(kept)
+        notes.extend(holes.notes(name, data))
     text = data.decode("utf-8", errors="replace")
     if "\ufffd" in text and b"\xef\xbf\xbd" not in data:
         bad = text[:text.index("\ufffd")].count("\n") + 1
@@ -254,18 +258,26 @@ def _read_bytes(path: Path) -> tuple[bytes, list[Skipped]]:
     if not stat.S_ISREG(st.st_mode):
         raise ReaderError(path, "not a regular file (a FIFO, socket or device): not read, it could block forever")
     notes: list[Skipped] = []
+    holes = Holes()
     try:
         with open(path, "rb") as f:
             head = f.read(2)
             f.seek(0)
             if head == b"\x1f\x8b":
                 return _gunzip(path, f, notes), notes
-            data = f.read(MAX_TEXT_BYTES + 1)
+            # NUL holes (a crash, copytruncate) are dropped as they are read, so they count against no bound of
+            # the text and a hole of any size leaves the text after it readable
+            data, passed, scanned = read_past_holes(f, MAX_TEXT_BYTES, holes)
     except OSError as e:
         raise ReaderError(path, f"cannot read: {e.strerror or e}") from e
     if len(data) > MAX_TEXT_BYTES:
         data = data[:MAX_TEXT_BYTES]
+    notes.extend(holes.notes(str(path), data))
+    if passed:
         notes.append(Skipped(str(path), None, f"only the first {MAX_TEXT_BYTES >> 20} MiB were read"))
+    if scanned:
+        notes.append(Skipped(str(path), None, f"only the first {MAX_SCAN_BYTES >> 20} MiB were read (NUL bytes "
+                                              "stored on disk included: the bound on what one text input reads)"))
     return data, notes
 
 
