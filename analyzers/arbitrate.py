@@ -5,12 +5,16 @@ The rules propose; this step decides, in one place, with the strength table belo
 1. **Vetoes first.** A candidate that a stronger fact contradicts is set aside, and the fact is kept as a finding:
    - completion: the inputs show the work it calls stuck finished (every rank it names destroyed its communicator
      normally, the nccl-tests run concluded, the training loop said it finished);
+   - progress after a dump: a candidate resting only on stacks a person dumped from a job nobody traced, when the job
+     then says it finished or its output goes on with progress lines after every dump it rests on;
    - a recording that merely ends mid-flight: launches without a completion that are the very last records of an
      export whose host-side ranges all closed (a trace cut at its end, not a kernel that never ended);
    - hang-time stacks: a candidate built on statements (logs, Flight Recorder) that puts ranks inside a collective
      while their stacks, sampled while the job was silent, show every one of them outside communication;
-   - a stop from outside (SIGTERM/SIGINT/SIGHUP/SIGQUIT to the job, from a scheduler, `timeout` or a person) with no
-     hang seen before it: what was open then was cut by the stop, not shown to hang.
+   - a stop from outside (SIGTERM/SIGINT/SIGHUP/SIGQUIT to the job, from a scheduler, `timeout` or a person; a
+     console whose only stop is a launcher's KeyboardInterrupt) with no hang seen before it (for files nobody traced:
+     no rule's claim resting on a line before the stop, no stack dumped before it without progress after): what was
+     open then was cut by the stop, not shown to hang.
 2. **Blame needs a witness.** A culprit must be a rank some input says something about; ranks no input mentions
    are "unobserved" and are taken off the culprit list (the finding says so).
 3. **The strongest remaining candidate wins**; between equals, the rules' order (diagnose.RULES) decides.
@@ -25,7 +29,8 @@ from ranktrace.analyzers.diagnose.candidate import Candidate, from_burst, ranks_
 from ranktrace.analyzers.model.build import Model
 from ranktrace.analyzers.verdict import Evidence, Finding
 
-__all__ = ["STRENGTH", "strength", "Decision", "arbitrate", "DEFAULT_HANG_AFTER_S", "hang_seen_before_stop"]
+__all__ = ["STRENGTH", "strength", "Decision", "arbitrate", "DEFAULT_HANG_AFTER_S", "hang_seen_before_stop",
+           "stop_point"]
 
 # verdict kinds that tell a hang (a second finding of one of these is a second story)
 HANG_KINDS = frozenset({"missing_ranks", "collective_mismatch", "stuck_in_collective", "graph_capture", "init_hang",
@@ -136,7 +141,8 @@ def arbitrate(ctx: Model, candidates: list[Candidate]) -> Decision:
     for order, c in enumerate(live):
         if not c.primary:
             continue
-        veto = _completion_veto(ctx, c) or _recording_end_veto(ctx, c) or _stacks_veto(ctx, c)
+        veto = (_completion_veto(ctx, c) or _progress_after_dump_veto(ctx, c) or _recording_end_veto(ctx, c)
+                or _stacks_veto(ctx, c))
         if veto is not None:
             aside.append(id(c))
             if not any(n.summary == veto.summary for n in notes):
@@ -198,6 +204,44 @@ def _completion_veto(ctx: Model, c: Candidate) -> Finding | None:
         return None
     return Finding("completed_after", f"not a hang: {c.summary[:160].rstrip('.')} — but {why}", (), 1.0,
                    (Evidence(o["source"] or "log", o["file"], o["line"], (o["detail"] or o["name"] or "")[:200],
+                             o["rank"]),))
+
+
+# sources of a stack a person dumped (py-spy, faulthandler, gdb, a traceback): a look at one moment
+_DUMP_SOURCES = frozenset({"pyspy", "faulthandler", "gdb", "traceback"})
+_STACK_KINDS = frozenset({"stuck_in_collective", "missing_ranks", "blocked_outside_collective", "collective_mismatch"})
+
+
+def _progress_after_dump_veto(ctx: Model, c: Candidate) -> Finding | None:
+    """Completion and progress after a stack are evidence that the stack was not a hang. A candidate resting only on
+    stacks a person dumped from a job nobody traced (no burst of ours: those were taken on silence) is set aside when
+    the job then says it finished, or when its own output goes on with progress lines after every dump it rests on.
+    Stacks that show a failure are not set aside, and nothing here touches our own records."""
+    if ctx.job.traced or c.kind not in _STACK_KINDS or _failed(c):
+        return None
+    ev = [e for f in c.findings for e in f.evidence]
+    if not ev or any((e.source or "") not in _DUMP_SOURCES or from_burst(e.file) for e in ev):
+        return None
+    done = [o for o in ctx.observations("completion") if o["name"] in _JOB_DONE]
+    if done:
+        o = done[-1]
+        why = f"the job says it finished afterwards ({(o['detail'] or o['name'] or '').strip()[:120]})"
+    else:
+        last: dict[str, dict] = {}
+        for o in ctx.observations("progress"):
+            if o["file"] and (o["file"] not in last or (o["line"] or 0) >= (last[o["file"]]["line"] or 0)):
+                last[o["file"]] = o
+        for f in {r["file"] for r in ctx.inputs.stacks.select(["source", "file"]).to_pylist()
+                  if r["source"] in ("pyspy", "gdb")}:
+            last.pop(f, None)  # a py-spy / gdb dump holds no program output: its 'step: N' are locals of the dump
+        dumps = [(e.file, e.line) for e in ev if e.file]
+        if not dumps or not all(f in last and line is not None and (last[f]["line"] or 0) > line
+                                for f, line in dumps):
+            return None
+        o = last[dumps[0][0]]
+        why = f"the job's output goes on after the dump ({(o['detail'] or '').strip()[:120]})"
+    return Finding("progress_after_dump", f"not a hang: {c.summary[:160].rstrip('.')} — but {why}", (), 0.9,
+                   (Evidence(o["source"] or "progress", o["file"], o["line"], (o["detail"] or o["name"] or "")[:200],
                              o["rank"]),))
 
 
@@ -302,16 +346,35 @@ def hang_seen_before_stop(ctx: Model) -> bool:
 _STOP_CONSEQUENCE = ("terminated_by=", "KeyboardInterrupt", "closing signal", "SIGINT", "SIGTERM", "SIGHUP")
 
 
+def stop_point(ctx: Model) -> tuple[str | None, int] | None:
+    """Where files of a job nobody traced show it stopped from outside: (file, line) of the first stop line (a
+    launcher's "Received N death signal", Slurm's "CANCELLED AT", a Ctrl-C's first interrupted traceback), or None.
+    Errors and exits from that line on are the stop's."""
+    if ctx.job.traced:
+        return None
+    stops = ctx.observations("stopped")
+    if stops:
+        stop = min(stops, key=lambda o: o["line"] or 0)
+        return stop["file"], stop["line"] or 0
+    ctrl_c = _ctrl_c_only(ctx)
+    return (ctrl_c[0]["file"], ctrl_c[1]) if ctrl_c is not None else None
+
+
 def _untraced_stop(ctx: Model, candidates: list[Candidate]) -> Finding | None:
     """Files that show the job stopped from outside (a launcher's "Received 2 death signal", Slurm's "CANCELLED
     AT"), with no candidate resting on anything said before that line and no rank failing on its own before it."""
     if ctx.job.traced:
         return None
     stops = ctx.observations("stopped")
-    if not stops:
-        return None
-    stop = min(stops, key=lambda o: o["line"] or 0)
-    f, at = stop["file"], stop["line"] or 0
+    if stops:
+        stop = min(stops, key=lambda o: o["line"] or 0)
+        f, at = stop["file"], stop["line"] or 0
+    else:
+        ctrl_c = _ctrl_c_only(ctx)
+        if ctrl_c is None:
+            return None
+        stop, at = ctrl_c
+        f = stop["file"]
 
     def before(file: str | None, line: int | None) -> bool:
         return file != f or line is None or line < at
@@ -320,6 +383,8 @@ def _untraced_stop(ctx: Model, candidates: list[Candidate]) -> Finding | None:
         if c.primary and c.kind not in ("rank_exited", "blocked_outside_collective") and any(
                 before(e.file, e.line) for x in c.findings for e in x.evidence if e.source not in ("meta", "input")):
             return None  # something looked hung before the stop: the stop does not explain it away
+    if _stalled_dump_before(ctx, f, at):
+        return None  # a stack dumped before the stop with no progress after it: a hang was seen before the stop
     for kind in ("rank_exit", "exception", "transport_error", "py_fatal_error", "watchdog_stuck", "fingerprint"):
         for o in ctx.observations(kind):
             text = f"{o['name'] or ''} {o['detail'] or ''}"
@@ -328,11 +393,54 @@ def _untraced_stop(ctx: Model, candidates: list[Candidate]) -> Finding | None:
             if before(o["file"], o["line"]) and not any(k in text for k in _STOP_CONSEQUENCE):
                 return None  # a rank failed on its own before the stop
     what = ("the scheduler cancelled it" if stop["name"] == "scheduler_cancel"
+            else "a Ctrl-C: KeyboardInterrupt" if stop["kind"] == "exception"
             else f"its launcher received {_signame(stop['value'])}")
     return Finding("stopped_from_outside",
                    f"the job was stopped from outside ({what}); nothing before the stop shows a hang or a failure, and "
                    "the exits after it are the stop's", (), 1.0,
                    (Evidence(stop["source"] or "log", f, stop["line"], (stop["detail"] or "")[:200]),))
+
+
+def _ctrl_c_only(ctx: Model) -> tuple[dict, int] | None:
+    """A console whose only stop is a Ctrl-C and whose interrupted tracebacks are all a launcher's (torch's spawn join,
+    torchrun's agent loop): a launcher waits for its workers whatever they do, so its traceback says nothing about
+    them, and the Ctrl-C is what the file shows. A worker or server interrupted in its own code is a stack of that
+    process at the interrupt — what people post of a hang — and stays for the rules. Returns the interrupt and the
+    first line of the first interrupted traceback (the traceback is the interrupt's, not something seen before it)."""
+    from ranktrace.analyzers.diagnose.stacks_rule import launcher_join
+
+    kis = [o for o in ctx.observations("exception") if o["name"] == "KeyboardInterrupt"]
+    st = ctx.inputs.stacks
+    if not kis or not st.num_rows:
+        return None
+    first = min(kis, key=lambda o: o["line"] or 0)
+    starts = []
+    for r in st.select(["source", "thread_name", "thread_state", "frames", "file", "line"]).to_pylist():
+        if r["file"] != first["file"] or r["source"] != "traceback" or r["thread_state"] != "interrupted":
+            continue
+        if not ((r["thread_name"] or "").startswith("launcher") or launcher_join(tuple(r["frames"] or ()))):
+            return None
+        starts.append(r["line"] or 0)
+    if not starts:
+        return None
+    stop = dict(first, kind="exception", value=2)
+    return stop, min(starts)
+
+
+def _stalled_dump_before(ctx: Model, file: str | None, at: int) -> bool:
+    """A stack a person dumped (faulthandler, py-spy, gdb) into the same output before the stop, with no progress line
+    between it and the stop: the job sat where the dump shows until it was stopped — a hang seen before the stop."""
+    st = ctx.inputs.stacks
+    if not st.num_rows or file is None:
+        return False
+    dumped = [r["line"] for r in st.select(["source", "file", "line"]).to_pylist()
+              if r["file"] == file and r["source"] in ("faulthandler", "pyspy", "gdb") and r["line"] is not None
+              and r["line"] < at]
+    if not dumped:
+        return False
+    last = max(dumped)
+    return not any(o["file"] == file and o["line"] is not None and last < o["line"] < at
+                   for o in ctx.observations("progress"))
 
 
 def _stop_without_hang(ctx: Model, candidates: list[Candidate]) -> Finding | None:

@@ -102,6 +102,8 @@ def _stopped_status(ctx: Model) -> str:
     if ctx.job.traced:
         return "interrupted" if ctx.job.interrupted else "stopped"
     sigs = {o["value"] for o in ctx.observations("stopped")}
+    if not sigs and any(o["name"] == "KeyboardInterrupt" for o in ctx.observations("exception")):
+        return "interrupted"  # a console whose only stop is a Ctrl-C (arbitrate._ctrl_c_only)
     return "interrupted" if sigs == {2} else "stopped"
 
 
@@ -164,18 +166,26 @@ def _status(ctx: Model, primary: Candidate | None) -> str:
 
 def _crash_shown(ctx: Model) -> bool:
     """The inputs show a rank ending in an error (an exception other than a person's Ctrl-C, a fatal signal, a
-    transport or NCCL error, an exit status other than 0): the job crashed, whatever else is known."""
-    if any(not (o["name"] == "exit" and o["value"] == 0) for o in ctx.observations("rank_exit")):
+    transport or NCCL error, an exit status other than 0): the job crashed, whatever else is known. Errors and exits
+    the files show after the job was stopped from outside (arbitrate.stop_point) are the stop's, not a crash."""
+    stop = arbitration.stop_point(ctx)
+
+    def mine(o: dict) -> bool:  # not a consequence of the stop
+        return stop is None or o["file"] != stop[0] or o["line"] is None or o["line"] < stop[1]
+
+    obs = {k: [o for o in ctx.observations(k) if mine(o)] for k in (
+        "rank_exit", "exception", "init_failure", "transport_error", "py_fatal_error", "watchdog_stuck", "fingerprint")}
+    if any(not (o["name"] == "exit" and o["value"] == 0) for o in obs["rank_exit"]):
         return True
-    if any(o["name"] not in ("KeyboardInterrupt", None) for o in ctx.observations("exception")):
+    if any(o["name"] not in ("KeyboardInterrupt", None) for o in obs["exception"]):
         return True
     st = ctx.inputs.stacks
-    if st.num_rows and "exception" in st["thread_state"].to_pylist():
+    if st.num_rows and any(r["thread_state"] == "exception" and mine(r)
+                           for r in st.select(["thread_state", "file", "line"]).to_pylist()):
         return True  # a traceback was printed: an exception ended that process, even if the paste cuts its line
-    if any(not _STILL_TRYING.search(o["detail"] or "") for o in ctx.observations("init_failure")):
+    if any(not _STILL_TRYING.search(o["detail"] or "") for o in obs["init_failure"]):
         return True  # a set-up timeout is raised (DistStoreError, DistNetworkError, RuntimeError)
-    return bool(ctx.observations("transport_error") or ctx.observations("py_fatal_error")
-                or ctx.observations("watchdog_stuck") or ctx.observations("fingerprint"))
+    return bool(obs["transport_error"] or obs["py_fatal_error"] or obs["watchdog_stuck"] or obs["fingerprint"])
 
 
 _STILL_TRYING = re.compile(r"still waiting|retrying|^Waiting", re.IGNORECASE)

@@ -17,7 +17,7 @@ from ranktrace.analyzers.model.hoststate import TRACER_FRAME
 from ranktrace.analyzers.model.stacks import normalise_frame
 from ranktrace.analyzers.verdict import Finding, Operation, WaitEdge
 
-__all__ = ["stacks_only", "collective_in_stack", "anonymous_stacks"]
+__all__ = ["stacks_only", "collective_in_stack", "anonymous_stacks", "launcher_join"]
 
 _C10D_FRAME = re.compile(
     r"^(?:\w+\.)?(all_reduce|all_gather\w*|reduce_scatter\w*|broadcast\w*|barrier|monitored_barrier|all_to_all\w*|"
@@ -139,11 +139,11 @@ def anonymous_stacks(ctx: Model) -> list[Candidate]:
         anon = [s for s in anon if from_burst(s.file)]
         if not anon:
             return []
-    if _moved_between_dumps(anon):
-        return []  # the dumped processes are somewhere else in each dump: they make progress
+    if _moved_between_dumps(anon) or _steps_moved_between_dumps(ctx, anon) or _left_a_collective(anon):
+        return []  # the dumped processes are somewhere else in each dump, or past a step or a call: they make progress
     states = [(s, classify(s.frames, s.thread_state)) for s in _one_per_process(anon)]
     inside = [(s, c) for s, _st in states if (c := collective_in_stack(s.frames)) is not None]
-    if not inside and states and all((st == "running" and _importing(s.frames)) or _launcher_join(s.frames)
+    if not inside and states and all((st == "running" and _importing(s.frames)) or launcher_join(s.frames)
                                      for s, st in states) and any(_importing(s.frames) for s, _ in states):
         return []  # processes importing their modules (and a launcher waiting for them): a start-up, not a hang
     n = len(states)
@@ -195,13 +195,55 @@ def _moved_between_dumps(stacks: list) -> bool:
     call one dump caught."""
     by_pid: dict[int, list[tuple[str, ...]]] = {}
     for st in stacks:
-        if st.pid is not None and not _launcher_join(st.frames) and not _helper(st.frames):
+        if st.pid is not None and not launcher_join(st.frames) and not _helper(st.frames):
             by_pid.setdefault(st.pid, []).append(tuple(st.frames))
     again = [dumps for dumps in by_pid.values() if len(dumps) > 1]
     moved = [d for d in again if len(set(d)) > 1]
     # a process parked in one collective in every dump is what a hang looks like, whatever the others do
     parked = [d for d in again if len(set(d)) == 1 and collective_in_stack(d[0]) is not None]
     return bool(moved) and not parked
+
+
+def _steps_moved_between_dumps(ctx: Model, stacks: list) -> bool:
+    """Several dump files of the same processes whose step counters differ (py-spy --locals shows 'step: 58' in one
+    and 'step: 96' in the next): steps were taken between the dumps. A hang shows the same step in every dump."""
+    files = {st.file for st in stacks if st.file}
+    if len(files) < 2 or not _same_processes(stacks):
+        return False
+    last: dict[str, tuple[int, float]] = {}
+    for o in ctx.observations("progress"):
+        if o["file"] in files and o["value"] is not None and o["name"] == "step":
+            line = o["line"] or 0
+            if o["file"] not in last or line >= last[o["file"]][0]:
+                last[o["file"]] = (line, float(o["value"]))
+    return len(last) >= 2 and len({v for _l, v in last.values()}) > 1
+
+
+def _left_a_collective(stacks: list) -> bool:
+    """A process inside a collective in one dump and out of it (or in another call) in a later dump of the same
+    process: that collective returned, so it was no hang. Or a process outside any collective in one dump and inside
+    one in the next: it was still arriving while the dumps were taken, so the job was moving then, and a hang is
+    not shown (dumps of a hang, taken once it looked stuck, find every rank where it stays). Dumps are ordered by
+    file and line."""
+    by_pid: dict[int, list[tuple[str, int, tuple[str, ...]]]] = {}
+    for st in stacks:
+        if st.pid is not None and not launcher_join(st.frames) and not _helper(st.frames):
+            by_pid.setdefault(st.pid, []).append((st.file or "", st.line or 0, tuple(st.frames)))
+    for dumps in by_pid.values():
+        dumps.sort(key=lambda d: (d[0], d[1]))
+        for (_f, _l, a), (_g, _m, b) in zip(dumps, dumps[1:]):
+            if collective_in_stack(a) != collective_in_stack(b):
+                return True
+    return False
+
+
+def _same_processes(stacks: list) -> bool:
+    """Some process appears in more than one dump file."""
+    files_of: dict[int, set[str]] = {}
+    for st in stacks:
+        if st.pid is not None:
+            files_of.setdefault(st.pid, set()).add(st.file or "")
+    return any(len(f) > 1 for f in files_of.values())
 
 
 def _helper(frames: tuple[str, ...]) -> bool:
@@ -229,7 +271,7 @@ def _importing(frames: tuple[str, ...]) -> bool:
     return any("importlib._bootstrap" in f or "importlib/_bootstrap" in f for f in frames)
 
 
-def _launcher_join(frames: tuple[str, ...]) -> bool:
+def launcher_join(frames: tuple[str, ...]) -> bool:
     """A launcher waiting for its workers: torch.multiprocessing.spawn's join, torchrun's agent monitoring loop."""
     return any("ProcessContext.join" in f or ("join (" in f and "multiprocessing/spawn.py" in f)
                or "_invoke_run" in f for f in frames[:16])
