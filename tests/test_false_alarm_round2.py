@@ -119,3 +119,17 @@ def test_a_stop_after_a_dump_and_progress_is_a_clean_stop() -> None:
     assert v["status"] == "stopped" and not v["culprit_ranks"], _said(v)
     v = _verdict([COUNTERPARTS / "tp-fh-later-hang-then-timeout-w2" / "console.txt"])
     assert v["status"] == "hang", _said(v)
+
+
+def test_dumps_of_a_hang_name_where_the_job_is_not_its_helpers() -> None:
+    """Two py-spy dumps of a whole session: the launcher waiting in spawn's join and multiprocessing's resource
+    tracker are in every dump, but they are never what the ranks wait for. The stalled rank's place (the data
+    loader) is what the verdict points at; ranks in different collectives are said to be so."""
+    skip = COUNTERPARTS / "tp-pyspy-two-dumps-skip-w3"
+    v = _verdict([skip / "pyspy_dump_1.txt", skip / "pyspy_dump_2.txt"])
+    assert v["status"] == "hang" and "next_batch" in v["summary"], _said(v)
+    assert "resource_tracker" not in v["summary"] and "spawn.py" not in v["summary"], _said(v)
+    mismatch = COUNTERPARTS / "tp-pyspy-two-dumps-mismatch-w2"
+    v = _verdict([mismatch / "pyspy_dump_1.txt", mismatch / "pyspy_dump_2.txt"])
+    assert v["status"] == "hang" and v["kind"] == "collective_mismatch", _said(v)
+    assert "broadcast" in v["summary"] and "all_reduce" in v["summary"], _said(v)

@@ -141,7 +141,11 @@ def anonymous_stacks(ctx: Model) -> list[Candidate]:
             return []
     if _moved_between_dumps(anon) or _steps_moved_between_dumps(ctx, anon) or _left_a_collective(anon):
         return []  # the dumped processes are somewhere else in each dump, or past a step or a call: they make progress
-    states = [(s, classify(s.frames, s.thread_state)) for s in _one_per_process(anon)]
+    procs = _one_per_process(anon)
+    workers = [s for s in procs if not launcher_join(s.frames) and not _helper(s.frames)]
+    if workers:  # a launcher waiting for its workers and multiprocessing's helpers are never the ones waited for
+        procs = workers
+    states = [(s, classify(s.frames, s.thread_state)) for s in procs]
     inside = [(s, c) for s, _st in states if (c := collective_in_stack(s.frames)) is not None]
     if not inside and states and all((st == "running" and _importing(s.frames)) or launcher_join(s.frames)
                                      for s, st in states) and any(_importing(s.frames) for s, _ in states):
@@ -162,6 +166,18 @@ def anonymous_stacks(ctx: Model) -> list[Candidate]:
                               findings=[Finding("missing_ranks", summary, (), 0.5, ev)],
                               next_steps=["Name the ranks of the dumped processes (RANK in /proc/<pid>/environ) to "
                                           "know which rank is missing."])]
+        ops = Counter(c[0] for _s, c in inside)
+        if len(ops) > 1 and len(inside) == n:  # every dumped process in a collective, not all in the same one
+            parts = [f"{k} ({v})" for k, v in ops.most_common()]
+            summary = (f"{who} are blocked inside different collectives: {', '.join(parts)}; if they share a process "
+                       "group, their calls do not match and none completes (stacks carry no group, and no rank is "
+                       "stated in the dumps)")
+            return [Candidate("collective_mismatch", summary, operation=Operation(name=top, callsite=site),
+                              findings=[Finding("collective_mismatch", summary, (), 0.5, ev)],
+                              next_steps=["Compare where each process called its collective (the frames under "
+                                          f"{' / '.join(ops)}): the ranks must call the same collective in the "
+                                          "same order; name the ranks (RANK in /proc/<pid>/environ) to know whose "
+                                          "call differs."])]
         summary = f"{who} {'is' if len(inside) == 1 else 'are'} blocked inside {top}" + (
             f" called from {site}" if site else "") + "; no rank is stated and no other rank was dumped"
         return [Candidate("stuck_in_collective", summary, operation=Operation(name=top, callsite=site),
