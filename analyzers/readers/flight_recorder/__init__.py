@@ -57,6 +57,8 @@ def sniff(path: Path, head: bytes) -> bool:
     h = head.lstrip()
     if not h.startswith(b"{"):
         return False
+    if b'"traceEvents"' in h or b'"distributedInfo"' in h:  # a Kineto trace: its distributedInfo has a pg_config too
+        return False
     if b'"pg_config"' in h or b'"pg_status"' in h:
         return True
     return b'"entries"' in h and b'"collective_seq_id"' in h and b'"profiling_name"' in h

@@ -1,7 +1,7 @@
 """kineto: Kineto / ``torch.profiler`` Chrome-trace JSON (``.json``, ``.json.gz``), one file per rank, read into
 EVENTS: which collectives each rank issued in which order, on which group, and which of their NCCL kernels finished.
 Stages: :mod:`.stream` (streaming JSON) -> :mod:`.collect` (keep what matters) -> :mod:`.ops` (comm events -> ops)
--> :mod:`.tables` (rows, seq, time)."""
+-> :mod:`.window` (a bounded number of ops per group) -> :mod:`.tables` (rows, seq, time)."""
 from __future__ import annotations
 
 import zlib
@@ -105,9 +105,11 @@ def read(path: Path) -> ReadResult:
 
     Memory: the file is parsed as a stream (:class:`.stream.JsonStream`: one ``traceEvents`` element decoded at a time,
     in 1 MiB reads), so only the collective candidates and the CUDA launches of one file are held, never its whole JSON.
-    Launches (one per kernel: millions in a big trace) are kept as flat arrays, about 20 bytes each; one JSON value
-    larger than 64 MiB is treated as corruption (the events before it are used). So memory grows with the number of
-    collectives and launches, not with the size of the file.
+    Launches (one per kernel: millions in a big trace) and NCCL kernels are kept as flat arrays, about 20 bytes each;
+    one JSON value larger than 64 MiB is treated as corruption (the events before it are used). Comm events are
+    folded into ops as they come, and each group keeps its first ``window.HEAD`` and last ``window.TAIL`` ops, the
+    ones between only counted (one Skipped line says how many, per group; the seq of a kept op counts them all). So
+    memory is bounded in the number of collectives and grows by ~40 bytes per launch and kernel.
 
     Bad input: unreadable file, not JSON, or JSON that is not a trace (no ``traceEvents``) → :class:`ReaderError`.
     A truncated file (crashed profiler, ``.tmp`` leftovers, cut gzip) yields what was read before the cut plus a

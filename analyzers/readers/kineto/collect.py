@@ -12,6 +12,7 @@ from typing import Any, cast
 import numpy as np
 
 from ranktrace.analyzers.readers.base import Skipped
+from ranktrace.analyzers.readers.kineto.window import Window
 
 __all__ = ["BACKEND_PREFIX", "Comm", "Collector"]
 
@@ -50,7 +51,18 @@ class Collector:
         self.threads: dict[tuple[Any, Any], int] = {}
         self.thread_keys: list[tuple[Any, Any]] = []
         self.big_corr: dict[int, tuple[Any, Any, float]] = {}   # correlation ids beyond 64 bits (never in practice)
-        self.kernels: list[tuple[int, float, str]] = []  # (correlation, end µs, name) of NCCL kernels
+        # NCCL kernels, flat likewise: correlation, end (µs), name (an index into kernel_names)
+        self.kernel_corr = array("q")
+        self.kernel_end = array("d")
+        self.kernel_name = array("i")
+        self.kernel_names: list[str] = []
+        self._kernel_name_ids: dict[str, int] = {}
+        self.big_kernels: list[tuple[int, float, str]] = []   # correlation beyond 64 bits (never in practice)
+        # comm events are folded into ops as they come and only a bounded number per group kept (kineto.window)
+        self.window = Window()
+        self.buffered = 0
+        self.compact_at = 100_000
+        self.folded_end: dict[tuple[Any, Any], float] = {}     # end of the last op folded, per thread
         self.skip_counts: dict[str, int] = defaultdict(int)
         self.skipped: list[Skipped] = []
 
@@ -86,11 +98,9 @@ class Collector:
                 self.skip_counts["collective event without a numeric ts/dur"] += 1
             return
         if cat == "cpu_op" and name == "record_param_comms":
-            self.comms[(ev.get("pid"), ev.get("tid"))].append(
-                Comm(index, ev.get("pid"), ev.get("tid"), ts, ts + dur, name, False, _comm_args(args)))
+            self._comm(Comm(index, ev.get("pid"), ev.get("tid"), ts, ts + dur, name, False, _comm_args(args)))
         elif cat in ("user_annotation", "cpu_op") and BACKEND_PREFIX.match(name):
-            self.comms[(ev.get("pid"), ev.get("tid"))].append(
-                Comm(index, ev.get("pid"), ev.get("tid"), ts, ts + dur, name, True, _annotation_args(args)))
+            self._comm(Comm(index, ev.get("pid"), ev.get("tid"), ts, ts + dur, name, True, _annotation_args(args)))
         elif cat in ("cuda_runtime", "cuda_driver") and "Launch" in name and "correlation" in args:
             try:
                 corr = int(args["correlation"])
@@ -112,9 +122,40 @@ class Collector:
             self.launch_ts.append(ts)
             self.launch_thread.append(ti)
         elif cat == "kernel" and name.startswith("nccl"):
-            corr = args.get("correlation")
-            if isinstance(corr, int):
-                self.kernels.append((corr, ts + dur, name))
+            kcorr = args.get("correlation")
+            if isinstance(kcorr, int) and not isinstance(kcorr, bool):
+                if not -(1 << 63) <= kcorr < 1 << 63:
+                    self.big_kernels.append((kcorr, ts + dur, name))
+                    return
+                ni = self._kernel_name_ids.get(name)
+                if ni is None:
+                    if len(self.kernel_names) >= 4096:   # names are few; a trace of made-up ones shares one
+                        name = "nccl kernel"
+                        ni = self._kernel_name_ids.get(name)
+                    if ni is None:
+                        ni = self._kernel_name_ids[name] = len(self.kernel_names)
+                        self.kernel_names.append(name)
+                self.kernel_corr.append(kcorr)
+                self.kernel_end.append(ts + dur)
+                self.kernel_name.append(ni)
+
+    def _comm(self, c: Comm) -> None:
+        thread = (c.pid, c.tid)
+        try:
+            done = self.folded_end.get(thread)
+        except TypeError:   # pid/tid that are lists or objects: one thread of their own
+            thread = (repr(c.pid), repr(c.tid))
+            done = self.folded_end.get(thread)
+        if done is not None and c.ts <= done + 1e-3:
+            # nested in (or before) an op already folded: the events of a thread came far out of time order
+            self.skip_counts["comm event that came after the ops around it were folded (far out of time order)"] += 1
+            return
+        self.comms[thread].append(c)
+        self.buffered += 1
+        if self.buffered >= self.compact_at:
+            from ranktrace.analyzers.readers.kineto.ops import compact   # ops builds on this module
+
+            compact(self)
 
     # -- lookups for the result
 
@@ -123,7 +164,7 @@ class Collector:
         out: dict[int, tuple[Any, Any, float]] = {}
         if not wanted:
             return out
-        corr = np.frombuffer(self.launch_corr, dtype=np.int64) if len(self.launch_corr) else np.zeros(0, np.int64)
+        corr = self.launch_arrays()[0]
         small = [c for c in wanted if -(1 << 63) <= c < 1 << 63]
         for i in np.flatnonzero(np.isin(corr, np.array(small, dtype=np.int64))).tolist():
             pid, tid = self.thread_keys[self.launch_thread[i]]
@@ -131,14 +172,29 @@ class Collector:
         out.update((c, v) for c, v in self.big_corr.items() if c in wanted)
         return out
 
+    def launch_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(correlation, ts µs, thread index) of every launch, as numpy views."""
+        return (np.frombuffer(self.launch_corr, dtype=np.int64) if len(self.launch_corr) else np.zeros(0, np.int64),
+                np.frombuffer(self.launch_ts, dtype=np.float64) if len(self.launch_ts) else np.zeros(0),
+                np.frombuffer(self.launch_thread, dtype=np.int32) if len(self.launch_thread) else np.zeros(0, np.int32))
+
+    def kernel_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(correlation, end µs, name index) of every NCCL kernel, as numpy views."""
+        return (np.frombuffer(self.kernel_corr, dtype=np.int64) if len(self.kernel_corr) else np.zeros(0, np.int64),
+                np.frombuffer(self.kernel_end, dtype=np.float64) if len(self.kernel_end) else np.zeros(0),
+                np.frombuffer(self.kernel_name, dtype=np.int32) if len(self.kernel_name) else np.zeros(0, np.int32))
+
 
 _COMM_ARGS = ("Collective name", "dtype", "In msg nelems", "Out msg nelems", "Group size", "Process Group Name",
               "Process Group Description", "Process Group Ranks", "Process Group ID", "Global rank start",
               "Global rank stride", "Seq", "Src Rank", "Dst Rank", "Rank")
 
 
+_COMM_ARG_SET = frozenset(_COMM_ARGS)
+
+
 def _comm_args(args: dict[str, Any]) -> dict[str, Any]:
-    return {k: args[k] for k in _COMM_ARGS if k in args}
+    return {k: args[k] for k in _COMM_ARG_SET.intersection(args)}
 
 
 def _annotation_args(args: dict[str, Any]) -> dict[str, Any]:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import ast
 import functools
-import bisect
 import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from ranktrace.tracer.formats.opnames import P2P_OPS, canonical_op
 from ranktrace.analyzers.readers.kineto.collect import BACKEND_PREFIX, Collector, Comm
@@ -44,57 +45,131 @@ class Op:
     nested: int
     kernel_end: float | None = None
     kernel_name: str | None = None
+    key: tuple[Any, ...] = ()     # the window's group (window_key)
+    tail: bool = False            # among its group's last ops: ops before it may have been only counted
+
+
+_COMPACT_AT = 100_000   # comm events held before the settled ones are folded into the window (kineto.window)
+_CARRY = 256            # the latest roots of a thread stay unfolded: an event nested in them may still come
+
+
+def compact(collector: Collector, final: bool = False) -> None:
+    """Fold the comm events held per thread into ops and hand them to the collector's window, which keeps a
+    bounded number per group; all but the latest _CARRY roots of a thread unless `final`."""
+    for thread, comms in collector.comms.items():
+        if not comms:
+            continue
+        comms.sort(key=lambda c: (c.ts, -c.end, c.index))
+        roots, starts = _nest(comms)
+        cut = len(roots) if final else max(0, len(roots) - _CARRY)
+        for root in roots[:cut]:
+            op = _fold(root)
+            if op is not None:
+                collector.window.add(window_key(op), root.ts, root.index, op)
+            elif root.args.get("Collective name") != "wait":  # Work.wait() is not an op: no note
+                collector.skip_counts["record_param_comms without a collective name nor annotation"] += 1
+        if cut:
+            end = max(r.end for r in roots[:cut])
+            collector.folded_end[thread] = max(end, collector.folded_end.get(thread, end))
+            collector.comms[thread] = comms[starts[cut]:] if cut < len(roots) else []
+    collector.buffered = sum(len(v) for v in collector.comms.values())
+    collector.compact_at = max(_COMPACT_AT, 2 * collector.buffered)
+
+
+def _nest(comms: list[Comm]) -> tuple[list[Comm], list[int]]:
+    """The outermost comm events of one thread's sorted events (children attached), and where each starts."""
+    stack: list[Comm] = []
+    roots: list[Comm] = []
+    starts: list[int] = []
+    for i, c in enumerate(comms):
+        c.children = []
+        while stack and c.ts > stack[-1].end + 1e-3:
+            stack.pop()
+        if stack and c.end <= stack[-1].end + 1e-3:
+            stack[-1].children.append(c)
+        else:
+            roots.append(c)
+            starts.append(i)
+        stack.append(c)
+    return roots, starts
+
+
+def window_key(op: Op) -> tuple[Any, ...]:
+    """The group an op counts in, from its own args (the trace's pg_config may come after its events): what
+    op_fields and the seq counter make of it is a function of this key."""
+    a = op.args
+    name, pg_id = a.get("Process Group Name"), a.get("Process Group ID")
+    key: tuple[Any, ...] = (None if name is None else str(name),
+                            None if name is not None or pg_id is None else str(pg_id), op.backend)
+    if op.name in P2P_OPS:
+        outgoing = op.name in ("send", "isend")
+        key += ("p2p", outgoing, to_int(a.get("Dst Rank") if outgoing else a.get("Src Rank")))
+    return key
 
 
 def fold_ops(collector: Collector) -> list[Op]:
-    """Fold nested comm events per thread into outermost ops (the rules are in ``kineto.read``'s docstring)."""
+    """Fold nested comm events per thread into outermost ops (the rules are in ``kineto.read``'s docstring); the
+    ops the window kept, each marked with its key and whether it is of its group's tail."""
+    compact(collector, final=True)
     ops: list[Op] = []
-    for comms in collector.comms.values():
-        comms.sort(key=lambda c: (c.ts, -c.end, c.index))
-        stack: list[Comm] = []
-        roots: list[Comm] = []
-        for c in comms:
-            while stack and c.ts > stack[-1].end + 1e-3:
-                stack.pop()
-            if stack and c.end <= stack[-1].end + 1e-3:
-                stack[-1].children.append(c)
-            else:
-                roots.append(c)
-            stack.append(c)
-        for root in roots:
-            op = _fold(root)
-            if op is not None:
-                ops.append(op)
-            elif root.args.get("Collective name") != "wait":  # Work.wait() is not an op: no note
-                collector.skip_counts["record_param_comms without a collective name nor annotation"] += 1
+    for key, head, tail, _middle in collector.window.kept():
+        for op in head:
+            op.key = key
+        for op in tail:
+            op.key, op.tail = key, True
+        ops.extend(head)
+        ops.extend(tail)
     return ops
 
 
 def attach_kernels(collector: Collector, ops: list[Op]) -> None:
-    """Set each op's ``kernel_end``/``kernel_name`` from the last NCCL kernel launched inside it."""
-    by_thread: dict[tuple[Any, Any], list[Op]] = defaultdict(list)
-    for op in ops:
-        by_thread[(op.comm.pid, op.comm.tid)].append(op)
-    starts: dict[tuple[Any, Any], list[float]] = {}
-    for key, lst in by_thread.items():
-        lst.sort(key=lambda o: o.comm.ts)
-        starts[key] = [o.comm.ts for o in lst]
-    launches = collector.launches({corr for corr, _, _ in collector.kernels})
-    orphans = 0
-    for corr, end, name in collector.kernels:
-        launch = launches.get(corr)
-        op = None
-        if launch is not None:
-            key = (launch[0], launch[1])
-            lst = by_thread.get(key, [])
-            i = bisect.bisect_right(starts.get(key, []), launch[2]) - 1
-            if i >= 0 and lst[i].comm.ts <= launch[2] <= lst[i].comm.end:
-                op = lst[i]
-        if op is None:
-            orphans += 1
+    """Set each op's ``kernel_end``/``kernel_name`` from the last NCCL kernel launched inside it (the launch with
+    the kernel's correlation, the last one when a correlation repeats). Vectorised over the flat arrays: a trace
+    holds millions of launches and kernels, and only the kept ops are looked up."""
+    lc, lt, lth = collector.launch_arrays()
+    kc, ke, kn = collector.kernel_arrays()
+    tied = np.zeros(len(kc), dtype=bool)
+    if len(kc) and len(lc):
+        order = np.argsort(lc, kind="stable")
+        pos = np.searchsorted(lc[order], kc, side="right") - 1
+        has = pos >= 0
+        has[has] = lc[order][pos[has]] == kc[has]
+        launch = np.full(len(kc), -1, dtype=np.int64)
+        launch[has] = order[pos[has]]
+        by_thread: dict[int, list[Op]] = defaultdict(list)
+        for op in ops:
+            try:
+                ti = collector.threads.get((op.comm.pid, op.comm.tid))
+            except TypeError:
+                ti = None
+            if ti is not None:
+                by_thread[ti].append(op)
+        for ti, lst in by_thread.items():
+            lst.sort(key=lambda o: o.comm.ts)
+            starts = np.array([o.comm.ts for o in lst])
+            ends = np.array([o.comm.end for o in lst])
+            mine = np.flatnonzero(has & (lth[np.maximum(launch, 0)] == ti))
+            ts = lt[launch[mine]]
+            at = np.searchsorted(starts, ts, side="right") - 1
+            inside = at >= 0
+            inside[inside] = ts[inside] <= ends[at[inside]]
+            mine, at = mine[inside], at[inside]
+            tied[mine] = True
+            # per op, its kernel that ends last (the first such in the file on a tie)
+            pick = np.lexsort((-mine, ke[mine], at))
+            last = np.ones(len(pick), dtype=bool)
+            last[:-1] = at[pick][1:] != at[pick][:-1]
+            for k, o in zip(mine[pick][last].tolist(), at[pick][last].tolist()):
+                lst[o].kernel_end, lst[o].kernel_name = float(ke[k]), collector.kernel_names[int(kn[k])]
+    for corr, end, name in collector.big_kernels:   # correlations beyond 64 bits: never in practice
+        launch_at = collector.big_corr.get(corr)
+        big_op = next((o for o in ops if launch_at is not None and (o.comm.pid, o.comm.tid) == launch_at[:2]
+                   and o.comm.ts <= launch_at[2] <= o.comm.end), None)
+        if big_op is None:
             continue
-        if op.kernel_end is None or end > op.kernel_end:
-            op.kernel_end, op.kernel_name = end, name
+        if big_op.kernel_end is None or end > big_op.kernel_end:
+            big_op.kernel_end, big_op.kernel_name = end, name
+    orphans = int((~tied).sum()) if not collector.window.summarised else 0   # else: kernels of ops only counted
     if orphans:
         collector.skip_counts["NCCL kernel not tied to a CPU-side collective (no launch inside one)"] += orphans
 
