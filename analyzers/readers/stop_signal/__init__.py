@@ -17,8 +17,8 @@ SOURCE = "stop_signal"
 FIELD_MAP: tuple[ColumnMap, ...] = (
     ColumnMap("'*** STEP|JOB <id> ON <node> CANCELLED AT <time>[ DUE TO TIME LIMIT] ***'",
               "OBSERVATIONS.kind=stopped name=scheduler_cancel detail", "str", "-", "Slurm 17+"),
-    ColumnMap("'received signal=SIGTERM', 'Received SIGINT', 'caught signal 15'",
-              "OBSERVATIONS.kind=stopped name=signal value=N", "int", "-", "vLLM 0.11+, uvicorn, Ray, -"),
+    ColumnMap("'received signal=SIGTERM', 'Received SIGINT', 'caught signal 15', 'SIGTERM received.'",
+              "OBSERVATIONS.kind=stopped name=signal value=N", "int", "-", "vLLM 0.11+, uvicorn, Ray, SGLang 0.4+"),
     ColumnMap("launcher prefix | file name", "OBSERVATIONS.rank", "int", "null", "-"),
 )
 
@@ -44,11 +44,11 @@ def read_doc(doc: TextDoc) -> ReadResult:
                 rows.append({"rank": rank, "kind": "stopped", "name": "scheduler_cancel", "value": None,
                              "detail": m.group(0)[:300], "source": SOURCE, "file": doc.path, "line": ln.no})
             continue
-        m = sig.SIGNAL.search(text)
+        m = sig.SIGNAL.search(text) or sig.SIGNAL_FIRST.search(text)
         if not m:
             continue
         s = m.group("sig")
-        if s.isdigit() and not m.group("word"):
+        if s.isdigit() and not m.groupdict().get("word"):
             continue  # a number is a signal only after the word ("received signal 15"; "received 2 requests" is not)
         num = int(s) if s.isdigit() else sig.NUMBERS[s]
         key = ("signal", num, rank)
