@@ -55,7 +55,7 @@ def is_archive(p: Path) -> bool:
         mode = _COMPRESSED.get(next((m for m in _COMPRESSED if head.startswith(m)), b""), "r:")
         if mode == "r:" and not tarfile.is_tarfile(p):
             return False
-        with tarfile.open(p, mode) as tar:
+        with tarfile.open(p, mode) as tar:  # type: ignore[call-overload]  # mode: r:, r:gz, r:bz2 or r:xz
             return tar.next() is not None
     except _DAMAGED:  # not an archive we can read: its reader says what it is
         return False

@@ -90,7 +90,7 @@ def _middles(collector: Collector, pgs: list[Any], backend: str | None, rank: in
     out: dict[tuple[Any, ...], int] = defaultdict(int)
     for op_key, _head, _tail, middle in collector.window.kept():
         if middle:
-            out[_final_key(op_key, pgs, backend, rank)] += middle
+            out[_final_key(tuple(op_key), pgs, backend, rank)] += middle  # type: ignore[arg-type]
     return out
 
 
