@@ -50,7 +50,10 @@ def _run(cwd: Path) -> str:
     bindir = cwd / "bin"   # `trace` and `python` as a person's shell finds them
     bindir.mkdir()
     (bindir / "trace").symlink_to(Path(TRACE[0]).parent / "trace")
-    (bindir / "python").symlink_to(PY)
+    # a script, not a symlink: a venv's python found through a link elsewhere looks for pyvenv.cfg beside the link
+    # and runs without the venv's packages (no torch) where the base Python has none
+    (bindir / "python").write_text(f"#!/bin/sh\nexec {PY} \"$@\"\n")
+    (bindir / "python").chmod(0o755)
     env["PATH"] = f"{bindir}{os.pathsep}{env['PATH']}"
 
     def controlling_terminal() -> None:

@@ -75,7 +75,7 @@ class RankStack:
 
 
 # ranktrace's own in-rank files (the wrappers a sampled stack passes through, the agent's thread): never the program
-TRACER_FRAME = re.compile(r"[(/]tracer/rank/(wrap_\w+|spans|agent)\.py")
+TRACER_FRAME = re.compile(r"[(/]tracer/rank/(wrap_\w+|spans|agent|inject)\.py")
 _LIBRARY = re.compile(r"site-packages|dist-packages|/lib/python\d|[(/]torch/|<frozen|^<|\(threading\.py|\(queue\.py|"
                       r"\(selectors\.py|\(socket\.py|\((multiprocessing|concurrent|asyncio)/|ranktrace|"
                       + TRACER_FRAME.pattern)
