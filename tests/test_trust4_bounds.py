@@ -131,7 +131,7 @@ def test_a_kineto_trace_of_many_collectives_keeps_a_bounded_window_per_group(tmp
     last TAIL ops and counts the rest, in one line; the bound is made small here, the trace real in layout. The
     verdict on ranks stuck in their last all_reduce, and the seq of every group's last op, are those of the trace
     read whole."""
-    from ranktrace.analyzers.readers.kineto import window
+    from ranktrace.analyzers.readers.kineto import collect as window
 
     n = 400
     traces = [tmp_path / f"rank{r}.pt.trace.json" for r in (0, 1)]

@@ -1,7 +1,7 @@
 """kineto: Kineto / ``torch.profiler`` Chrome-trace JSON (``.json``, ``.json.gz``), one file per rank, read into
 EVENTS: which collectives each rank issued in which order, on which group, and which of their NCCL kernels finished.
 Stages: :mod:`.stream` (streaming JSON) -> :mod:`.collect` (keep what matters) -> :mod:`.ops` (comm events -> ops)
--> :mod:`.window` (a bounded number of ops per group) -> :mod:`.tables` (rows, seq, time)."""
+(a bounded number of ops per group: collect.Window) -> :mod:`.tables` (rows, seq, time)."""
 from __future__ import annotations
 
 import zlib
@@ -107,7 +107,7 @@ def read(path: Path) -> ReadResult:
     in 1 MiB reads), so only the collective candidates and the CUDA launches of one file are held, never its whole JSON.
     Launches (one per kernel: millions in a big trace) and NCCL kernels are kept as flat arrays, about 20 bytes each;
     one JSON value larger than 64 MiB is treated as corruption (the events before it are used). Comm events are
-    folded into ops as they come, and each group keeps its first ``window.HEAD`` and last ``window.TAIL`` ops, the
+    folded into ops as they come, and each group keeps its first ``collect.HEAD`` and last ``collect.TAIL`` ops, the
     ones between only counted (one Skipped line says how many, per group; the seq of a kept op counts them all). So
     memory is bounded in the number of collectives and grows by ~40 bytes per launch and kernel.
 

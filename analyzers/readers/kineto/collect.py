@@ -1,22 +1,89 @@
-"""The one pass over a trace's events: keeps the comm events (``record_param_comms``, ``nccl:<op>`` annotations),
-the CUDA launches (as flat arrays: millions in a big trace) and the NCCL kernels, nothing else; they become ops at
-the end (:mod:`.ops`)."""
+"""The one pass over a trace's events: comm events, CUDA launches (flat arrays) and NCCL kernels, nothing else; they
+become ops at the end (:mod:`.ops`). :class:`Window` bounds what is kept (#31: 2M collectives took 234 s, 12.7 GB):
+per group the first HEAD and last TAIL ops, the rest only counted; a kept op's seq still counts them all."""
 from __future__ import annotations
 
+import heapq
 import re
 from array import array
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Hashable, cast
 
 import numpy as np
 
 from ranktrace.analyzers.readers.base import Skipped
-from ranktrace.analyzers.readers.kineto.window import Window
 
-__all__ = ["BACKEND_PREFIX", "Comm", "Collector"]
+__all__ = ["BACKEND_PREFIX", "Comm", "Collector", "HEAD", "TAIL", "MAX_GROUPS", "Window", "Kept"]
 
 BACKEND_PREFIX = re.compile(r"^(nccl|gloo|xccl|ucc|mpi|hccl|rccl|cncl|mccl):(.+)$", re.IGNORECASE)
+
+HEAD = 500            # first ops of a group kept
+TAIL = 5000           # last ops of a group kept
+MAX_GROUPS = 64       # groups (and p2p pairs) given that window; the others keep their last SMALL_TAIL
+SMALL_TAIL = 16
+MAX_KEYS = 10_000     # past this many, the ops of a new group are only counted
+
+
+@dataclass
+class Kept:
+    """What one group (a key of the reader's own, before the trace's process-group table is known) kept."""
+
+    head: list[tuple[float, int, Any]] = field(default_factory=list)   # max-heap by (-ts, -index)
+    tail: list[tuple[float, int, Any]] = field(default_factory=list)   # min-heap by (ts, index)
+    count: int = 0
+    head_cap: int = HEAD
+    tail_cap: int = TAIL
+
+    @property
+    def middle(self) -> int:
+        return self.count - len(self.head) - len(self.tail)
+
+
+class Window:
+    """Ops pushed in any order; every group keeps its HEAD earliest and TAIL latest (by start time) and counts the
+    rest, so at any moment head <= middle <= tail in time."""
+
+    def __init__(self) -> None:
+        self.groups: dict[Hashable, Kept] = {}
+        self.uncounted_keys = 0          # ops of groups past MAX_KEYS: counted here only
+
+    def add(self, key: Hashable, ts: float, index: int, op: Any) -> None:
+        k = self.groups.get(key)
+        if k is None:
+            if len(self.groups) >= MAX_KEYS:
+                self.uncounted_keys += 1
+                return
+            small = len(self.groups) >= MAX_GROUPS
+            k = self.groups[key] = Kept(head_cap=0 if small else HEAD, tail_cap=SMALL_TAIL if small else TAIL)
+        k.count += 1
+        item: tuple[float, int, Any] = (ts, index, op)
+        if len(k.tail) < k.tail_cap:
+            heapq.heappush(k.tail, item)
+            return
+        if k.tail_cap and (ts, index) > k.tail[0][:2]:
+            item = heapq.heapreplace(k.tail, item)   # the tail's earliest moves on towards the head
+        if k.head_cap == 0:
+            return
+        neg = (-item[0], -item[1], item[2])
+        if len(k.head) < k.head_cap:
+            heapq.heappush(k.head, neg)
+        elif neg[:2] > k.head[0][:2]:                # earlier than the head's latest: that one goes to the middle
+            heapq.heapreplace(k.head, neg)
+
+    def kept(self) -> list[tuple[Hashable, list[Any], list[Any], int]]:
+        """(key, head ops, tail ops, ops between them) per group, head and tail in time order."""
+        out = []
+        for key, k in self.groups.items():
+            head = [op for _ts, _i, op in sorted((-a, -b, op) for a, b, op in k.head)]
+            tail = [op for _ts, _i, op in sorted(k.tail, key=lambda t: t[:2])]
+            out.append((key, head, tail, k.middle))
+        return out
+
+    @property
+    def summarised(self) -> int:
+        return sum(k.middle for k in self.groups.values()) + self.uncounted_keys
+
 
 
 @dataclass
@@ -58,7 +125,7 @@ class Collector:
         self.kernel_names: list[str] = []
         self._kernel_name_ids: dict[str, int] = {}
         self.big_kernels: list[tuple[int, float, str]] = []   # correlation beyond 64 bits (never in practice)
-        # comm events are folded into ops as they come and only a bounded number per group kept (kineto.window)
+        # comm events are folded into ops as they come and only a bounded number per group kept (Window below)
         self.window = Window()
         self.buffered = 0
         self.compact_at = 100_000

@@ -49,7 +49,7 @@ class Op:
     tail: bool = False            # among its group's last ops: ops before it may have been only counted
 
 
-_COMPACT_AT = 100_000   # comm events held before the settled ones are folded into the window (kineto.window)
+_COMPACT_AT = 100_000   # comm events held before the settled ones are folded into the window (collect.Window)
 _CARRY = 256            # the latest roots of a thread stay unfolded: an event nested in them may still come
 
 

@@ -10,7 +10,7 @@ from ranktrace.tracer.formats.opnames import P2P_OPS
 from ranktrace.analyzers.readers.base import ReadResult
 from ranktrace.analyzers.readers.kineto.collect import Collector
 from ranktrace.analyzers.readers.kineto.ops import attach_kernels, fold_ops, op_fields, pg_config, to_int
-from ranktrace.analyzers.readers.kineto import window as _window
+from ranktrace.analyzers.readers.kineto import collect as _window
 
 __all__ = ["ABSOLUTE_EPOCH_US", "build_result"]
 
@@ -86,7 +86,7 @@ def _final_key(op_key: tuple[Any, ...], pgs: list[Any], backend: str | None, ran
 
 
 def _middles(collector: Collector, pgs: list[Any], backend: str | None, rank: int | None) -> dict[tuple[Any, ...], int]:
-    """Per seq counter key, the ops the window only counted (kineto.window)."""
+    """Per seq counter key, the ops the window only counted (collect.Window)."""
     out: dict[tuple[Any, ...], int] = defaultdict(int)
     for op_key, _head, _tail, middle in collector.window.kept():
         if middle:
