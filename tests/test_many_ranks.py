@@ -23,6 +23,25 @@ def test_rounds_take_every_process_in_turn() -> None:
     assert m._next_round("stacks", pids[:5]) == pids[:5]  # a small host: all of them every round
 
 
+def _settled(tid: int, seconds: float = 5.0) -> None:
+    """Until thread `tid` of this process sleeps (state S) with the same wait channel in reads 50 ms apart: a thread
+    just started may still be on its way into the wait, and its changed state would rightly be written again."""
+    import time
+
+    def now() -> tuple[str, str]:
+        stat = open(f"/proc/self/task/{tid}/stat").read()
+        wchan = open(f"/proc/self/task/{tid}/wchan").read()
+        return stat[stat.rindex(")") + 2], wchan
+
+    end, last = time.monotonic() + seconds, None
+    while time.monotonic() < end:
+        got = now()
+        if got[0] == "S" and got == last:
+            return
+        last = got
+        time.sleep(0.05)
+
+
 def test_threads_read_for_some_processes_keep_the_others_state() -> None:
     class Log:
         def __init__(self) -> None:
@@ -34,6 +53,7 @@ def test_threads_read_for_some_processes_keep_the_others_state() -> None:
     stop = threading.Event()
     t = threading.Thread(target=stop.wait, daemon=True)
     t.start()
+    _settled(t.native_id)   # asleep in its wait: its state and wchan no longer change between two reads
     try:
         log = Log()
         s = ProcSampler(log)  # type: ignore[arg-type]
