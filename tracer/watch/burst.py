@@ -139,8 +139,10 @@ def _dump_one(pyspy: str, pid: int, directory: DumpDir, native: bool, timeout: f
     return directory.write(f"pyspy-{pid}.json", d.text), None, d
 
 
-def _ask_agent(host_dir: Path, pid: int, directory: DumpDir, timeout: float) -> tuple[list[Path], str | None]:
-    """The rank's own answer (tracer.agent): its Python stacks without ptrace, and its Flight Recorder."""
+def _ask_agent(host_dir: Path, pid: int, directory: DumpDir, timeout: float, stacks: bool = True
+               ) -> tuple[list[Path], str | None]:
+    """The rank's own answer (tracer.agent): its Python stacks without ptrace, and its Flight Recorder. `stacks`
+    False: this tick's agent dump of the pid is already in the burst (written once: the burst never overwrites)."""
     from ranktrace.tracer.rank import agent
 
     sock = agent.socket_path(host_dir, pid)
@@ -153,7 +155,7 @@ def _ask_agent(host_dir: Path, pid: int, directory: DumpDir, timeout: float) -> 
     files: list[Path] = []
     if not isinstance(ans, dict):
         return [], f"pid {pid}: in-rank agent answered something else than its JSON object"
-    if ans.get("threads"):
+    if stacks and ans.get("threads"):
         # py-spy's JSON layout: the py-spy reader reads it (source agent)
         files.append(directory.write(f"agent-{pid}.json", json.dumps(ans["threads"])))
     if isinstance(ans.get("fr"), str) and ans["fr"]:
@@ -211,7 +213,8 @@ def _burst(out: DumpDir, host_dir: Path, pids: list[int], *, native: bool, timeo
         # pyspy-<pid>.json, or agent-<pid>.json (same layout)
         result.files.append(out.write(f"{d.source}-{p}.json", d.text or ""))
     agents = ThreadPoolExecutor(max_workers=min(8, max(1, len(live))), thread_name_prefix="ranktrace-agent-ask")
-    asked = [agents.submit(_ask_agent, host_dir, p, out, timeout) for p in live]
+    asked = [agents.submit(_ask_agent, host_dir, p, out, timeout, given.get(p) is None or given[p].source != "agent")
+             for p in live]
     todo = [p for p in live if p not in given]
     pyspy = find_pyspy() if todo else None
     if todo and pyspy is None:
