@@ -205,6 +205,9 @@ class Monitor:
         moved: list[tuple[str, str]] = []
         st = self.state
         now = self.clock()
+        # once every rank joined, the ranks' records speak: a process with no rank (vLLM's EngineCore polling its
+        # workers' queue, a tokenizer) recording new calls says nothing about a rank stuck in its collective
+        joined = self._all_joined()
         for ring in (self.host_dir / "rings").glob("*.ring"):
             tail = self.tails.get(ring)
             if tail is None:
@@ -213,7 +216,7 @@ class Monitor:
             if tail.update():
                 if tail.exited and not was_exited:
                     moved.append(("exit", f"{self._who(tail)} exited"))
-                else:
+                elif tail.rank is not None or not joined:
                     grew = [f"{g} seq {q}" for g, q in tail.group_seq.items() if seqs.get(g) != q]
                     moved.append(("ring", f"{self._who(tail)} " + (
                         "issued " + ", ".join(f"group {x}" for x in grew[:2]) if grew else
