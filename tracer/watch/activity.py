@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ranktrace.tracer.watch.wait_probe import read_proc_file as _read
+from ranktrace.tracer.watch.wait_probe import read_proc_file
 
 __all__ = ["JobActivity", "Activity", "BusyChild", "COMPILERS", "child_text"]
 
@@ -70,7 +70,7 @@ class Activity:
 
 def _stat(pid: str) -> tuple[str, int, int, int, str] | None:
     """(comm, ppid, pgid, CPU ticks, state) of one process, or None when it is gone or a zombie."""
-    raw = _read(f"/proc/{pid}/stat")
+    raw = read_proc_file(f"/proc/{pid}/stat")
     if not raw:
         return None
     try:
@@ -85,7 +85,7 @@ def _stat(pid: str) -> tuple[str, int, int, int, str] | None:
 
 
 def _storage_io(pid: int) -> int:
-    raw = _read(f"/proc/{pid}/io")
+    raw = read_proc_file(f"/proc/{pid}/io")
     io = 0
     for line in (raw or b"").split(b"\n"):
         if line.startswith((b"read_bytes:", b"write_bytes:")):
@@ -192,7 +192,7 @@ class JobActivity:
                 listed = self._fds[pid] = (now, self._regular_fds(pid, skip_dirs))
             total = 0
             for fd in listed[1]:
-                raw = _read(f"/proc/{pid}/fdinfo/{fd}", 256)
+                raw = read_proc_file(f"/proc/{pid}/fdinfo/{fd}", 256)
                 if raw and raw.startswith(b"pos:"):
                     try:
                         total += int(raw.split(b"\n", 1)[0].split()[1])

@@ -10,7 +10,7 @@ from ranktrace.tracer.formats.opnames import P2P_OPS
 from ranktrace.analyzers.readers.base import ReadResult
 from ranktrace.analyzers.readers.kineto.collect import Collector
 from ranktrace.analyzers.readers.kineto.ops import attach_kernels, fold_ops, op_fields, pg_config, to_int
-from ranktrace.analyzers.readers.kineto import collect as _window
+from ranktrace.analyzers.readers.kineto import collect
 
 __all__ = ["ABSOLUTE_EPOCH_US", "build_result"]
 
@@ -96,7 +96,7 @@ def _middles(collector: Collector, pgs: list[Any], backend: str | None, rank: in
 
 def _bound_note(collector: Collector, middles: dict[tuple[Any, ...], int]) -> str:
     """The one line saying which collectives were only counted."""
-    w, b = collector.window, _window
+    w, b = collector.window, collect
     total = sum(k.count for k in w.groups.values()) + w.uncounted_keys
     groups = ", ".join(f"{_key_text(k)}: {n:,}" for k, n in sorted(middles.items(), key=lambda kv: -kv[1])[:3])
     more = f" and {len(middles) - 3} more" if len(middles) > 3 else ""
