@@ -63,9 +63,14 @@ def where(stack: RankStack | None) -> str | None:
 
 
 def stack_evidence(stack: RankStack, state: str) -> Evidence:
+    """A stack's line; a process dumped with no rank (rank -1 in the model) is named by its pid, never as a rank."""
     top = " <- ".join(normalise_frame(f) for f in without_tracer(stack.frames)[:4])
+    ranked = stack.rank >= 0
+    who = f"thread {stack.thread_name}" if stack.thread_name else "its thread"
+    if not ranked:
+        who = (f"pid {stack.pid}, " if stack.pid else "a process with no rank, ") + who
     return Evidence(source=stack.source or "pyspy", file=stack.file, line=stack.line,
-                    detail=f"{state}: thread {stack.thread_name or '?'} in {top}", rank=stack.rank)
+                    detail=f"{state}: {who} in {top}", rank=stack.rank if ranked else None)
 
 
 def group_desc(desc: str | None) -> str | None:

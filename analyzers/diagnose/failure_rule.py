@@ -161,6 +161,8 @@ def rank_exit(ctx: Model) -> list[Candidate]:
              "oom": "was killed for running out of memory", "exception": "raised an exception",
              "exit": f"exited with status {how['value']}" if how["value"] is not None else "exited"}.get(
         how["name"] or "", "exited")
+    if how["name"] == "exception" and (exc := _its_exception(ctx, how)) is not None:
+        cause += f" ({exc})"
     who = ranks_text(culprits) if culprits else "a rank"
     if assumed_local:
         who = ("local " + who) + " (the global rank, if this is one node)"
@@ -172,6 +174,21 @@ def rank_exit(ctx: Model) -> list[Candidate]:
                       operation=Operation(name=op_name[0][0]) if op_name else None,
                       findings=[Finding("rank_exited", summary, culprits, 0.8, tuple(_evidence(root, "exited")))],
                       next_steps=steps)]
+
+
+def _its_exception(ctx: Model, said: dict[str, Any]) -> str | None:
+    """The exception a "hit an exception" statement goes on to print: the first traceback's exception line after it
+    in the same file (within a traceback's length), from the same rank or from no stated rank."""
+    line = said["line"]
+    if line is None:
+        return None
+    after = [o for o in ctx.observations("exception") if o["file"] == said["file"] and o["line"] is not None
+             and line < o["line"] <= line + 400 and o["rank"] in (None, said["rank"]) and o["name"]]
+    if not after:
+        return None
+    o = min(after, key=lambda o: o["line"])
+    text = f"{o['name']}: {o['detail']}" if o["detail"] else o["name"]
+    return text if len(text) <= 160 else text[:157] + "..."
 
 
 #: a rank's process gone this long before any other rank's: it left first (two watchdog samples at least)

@@ -328,10 +328,49 @@ def _steps(ctx: Model, kind: str, culprits: set[int], ref: waitfor.PendingOp) ->
     return steps
 
 
+_RAN_FOR = re.compile(r"ran for (\d{1,12}) ms")
+_ENQUEUED = re.compile(r"\benqueued=(\d{1,12})")
+
+
+def _stalled_first(ctx: Model, stucks: list[waitfor.Stuck]) -> list[waitfor.Stuck]:
+    """Several groups stuck at once: the one that stalled first leads, since the later stalls are usually its
+    consequences (a rank held in one collective stops feeding its other communicators). What tells, in order: the
+    earliest issue time of the stuck op; the most work its ranks queued behind it (the watchdog's "last enqueued
+    NCCL work", or our own later records on the group: they went on issuing past it, so it is the older stall); the
+    longest "ran for". With none of these, the order of the groups stands."""
+    if len(stucks) < 2:
+        return list(stucks)
+    ops = ctx.ops
+    enter: dict[tuple[str, int], int] = {}
+    last_seq: dict[str, int] = {}
+    if ops.num_rows:
+        for r in ops.select(["chan", "seq", "wall_enter", "issued"]).to_pylist():
+            if r["seq"] is None or not r["issued"]:
+                continue
+            last_seq[r["chan"]] = max(last_seq.get(r["chan"], r["seq"]), r["seq"])
+            if r["wall_enter"] is not None:
+                key = (r["chan"], r["seq"])
+                enter[key] = min(enter.get(key, r["wall_enter"]), r["wall_enter"])
+    queued: dict[str, int] = {}
+    for o in ctx.observations("watchdog_pg_status"):
+        m = _ENQUEUED.search(o["detail"] or "")
+        if m and o["group"] is not None:
+            queued[o["group"]] = max(queued.get(o["group"], 0), int(m.group(1)))
+
+    def key(s: waitfor.Stuck) -> tuple[int, int, int]:
+        ref = s.ops[0]
+        t = enter.get((s.chan, s.seq))
+        behind = max(last_seq.get(s.chan, s.seq), queued.get(ref.group or "", s.seq)) - s.seq
+        ran = max((int(m.group(1)) for o in s.ops if (m := _RAN_FOR.search(o.error or ""))), default=0)
+        return (t if t is not None else 1 << 62, -behind, -ran)
+
+    return sorted(stucks, key=key)  # stable: ties keep the groups' order
+
+
 def stuck(ctx: Model) -> list[Candidate]:
     """Every member issued the same op; some or all never completed it (below Python: transport, GPU stream)."""
     out = []
-    for s in ctx.graph.stuck:
+    for s in _stalled_first(ctx, ctx.graph.stuck):
         ref = s.ops[0]
         members = ctx.graph.members.get(s.chan, ())
         if (ref.group or "").startswith("hook:") and all(o.returned for o in s.ops) and not any(

@@ -200,6 +200,10 @@ def latest_stacks(stacks: pa.Table, prefer: dict[int, int] | None = None) -> dic
     return {rank: c for rank, (_s, c) in best.items()}
 
 
+#: an exception's traceback still says where its process waited when it was raised in one of these (a timeout)
+_WAITED_IN = frozenset({"in_init", "in_collective", "host_sync_wait"})
+
+
 def unranked_stacks(stacks: pa.Table) -> list[RankStack]:
     """The most telling thread of each process dumped without any rank (a single py-spy or gdb paste): its state
     still says whether the process waits in a collective, in init, or elsewhere. Rank -1 marks them."""
@@ -213,8 +217,10 @@ def unranked_stacks(stacks: pa.Table) -> list[RankStack]:
             continue
         name = r["thread_name"] or ""
         frames = tuple(r["frames"])
-        score = 3 if name == "MainThread" else (0 if is_poller(name, frames) else 1)
         state = classify(frames, r["thread_state"])
+        if r["thread_state"] == "exception" and state not in _WAITED_IN:
+            continue  # where an exception was raised, not where a live process waits: that process has gone on
+        score = 3 if name == "MainThread" else (0 if is_poller(name, frames) else 1)
         score += {"in_init": 2, "in_collective": 2, "host_sync_wait": 2}.get(state, 0)
         if r["native"]:
             score -= 0.5

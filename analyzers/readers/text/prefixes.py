@@ -45,6 +45,10 @@ _PYLOG = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:
 #: bracketed ``[2024-05-01 12:00:00]`` is NCCL's or SGLang's own and theirs to read. One
 #: space after it is the separator; the indentation behind it belongs to the message (a py-spy frame, a traceback).
 _LOGSTAMP = re.compile(
+    # not SGLang's configured logger (``2025-08-28 21:19:34 ERROR 125765 [ DP10 TP10 EP10 scheduler.py:2655] ``): its
+    # stamp, pid and rank tags are one prefix, server_log's to read whole
+    r"(?!\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d{1,9})? (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{1,10} "
+    r"\[ ?(?:DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)\d)"
     r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?"
     r"(?:(?: -)? (?:\[?(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL|TRACE|NOTICE)\]?(?! \d\d-\d\d \d\d:\d\d:\d\d)"
     r"|[\w.]{1,60} - (?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL))(?: -|:)?)? ")

@@ -1,0 +1,137 @@
+"""#25, decision layer round 5: what a person reads in the verdict when the inputs are a traceback, a statement that
+names its rank, several stuck groups at once.
+
+Each case is a small input of the shape the field shows (the factory rows of tests/test_rule_units.py, or a log
+written as the servers write it) and the assertion is what the on-call person checks: the headline kind, the culprit,
+the operation, and that no line says "rank -1" or "thread ?".
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ranktrace.analyzers.api import analyze
+from ranktrace.analyzers.diagnose import stacks_rule, waiting_rule
+from tests.test_rule_units import IN_ALL_REDUCE, call, model, obs, stack
+
+REPO = Path(__file__).resolve().parents[1]
+FIELD = REPO / "tests" / "field"
+
+
+def _verdict(paths: list[Path]) -> dict:
+    return json.loads(json.dumps(analyze(paths, liveness=None).verdict.to_dict()))
+
+
+def _all_text(v: dict) -> str:
+    return json.dumps(v)
+
+
+# --- an exception's traceback is not a live stack ------------------------------------------------------------------
+
+def test_an_exceptions_traceback_is_not_read_as_where_a_live_process_waits(tmp_path: Path) -> None:
+    """A server's console ends in a traceback raised in its own start-up code (no rank, no collective): the process
+    raised and went away; nothing says it is "busy outside collectives" there."""
+    log = tmp_path / "console.txt"
+    log.write_text(
+        "Traceback (most recent call last):\n"
+        '  File "/srv/app/launch.py", line 40, in <module>\n'
+        "    main()\n"
+        '  File "/srv/app/launch.py", line 31, in main\n'
+        "    engine = build_engine(cfg)\n"
+        '  File "/srv/app/engine.py", line 88, in build_engine\n'
+        "    raise ValueError(\"max_model_len is larger than the KV cache\")\n"
+        "ValueError: max_model_len is larger than the KV cache\n")
+    v = _verdict([log])
+    assert v["kind"] != "blocked_outside_collective", v["summary"]
+    assert "busy outside collectives" not in v["summary"]
+    assert v["culprit_ranks"] == []
+
+
+def test_a_traceback_raised_inside_a_collective_still_says_where_it_waited() -> None:
+    """A timeout raised inside all_reduce (no rank stated): that traceback does say where the process waited."""
+    raised = stack(None, IN_ALL_REDUCE, state="exception", pid=4242, source="traceback")
+    (c,) = stacks_rule.anonymous_stacks(model(stacks=[raised]))
+    assert c.operation.name == "all_reduce"
+    plain = stack(None, ("build_engine (app/engine.py:88)", "main (app/launch.py:31)"), state="exception", pid=4242,
+                  source="traceback")
+    assert stacks_rule.anonymous_stacks(model(stacks=[plain])) == []
+
+
+def test_a_process_dumped_with_no_rank_is_named_by_its_pid_never_as_rank_minus_one() -> None:
+    dumped = stack(None, IN_ALL_REDUCE, pid=4242)
+    (c,) = stacks_rule.anonymous_stacks(model(stacks=[dumped]))
+    lines = [e for f in c.findings for e in f.evidence]
+    assert lines and all(e.rank is None for e in lines)
+    assert "pid 4242" in lines[0].detail and "?" not in lines[0].detail
+    v = _verdict([FIELD / "marin-7344" / "pyspy.txt"])  # a real paste: two processes, no ranks stated
+    text = _all_text(v)
+    assert "rank -1" not in text and '"rank": -1' not in text and "thread ?" not in text
+
+
+# --- the rank a statement names ------------------------------------------------------------------------------------
+
+SGLANG_CONFIGURED = (
+    "[2025-08-28 21:10:00 DP10 TP10 EP10] Load weight end. type=DeepseekV3ForCausalLM, dtype=torch.bfloat16, "
+    "avail mem=20.00 GB, mem usage=50.00 GB.\n"
+    "[2025-08-28 21:10:00 DP3 TP3 EP3] Load weight end. type=DeepseekV3ForCausalLM, dtype=torch.bfloat16, "
+    "avail mem=20.00 GB, mem usage=50.00 GB.\n"
+    "2025-08-28 21:19:34 ERROR 125765 [ DP10 TP10 EP10 scheduler.py:2655] Scheduler hit an exception: "
+    "Traceback (most recent call last):\n"
+    '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 2650, in run_scheduler_process\n'
+    "    scheduler.event_loop_overlap()\n"
+    "RuntimeError: CUDA error: an illegal memory access was encountered\n")
+
+
+def test_the_rank_sglangs_configured_logger_names_is_the_culprit_with_its_exception(tmp_path: Path) -> None:
+    """SGLang's own logging config writes `2025-08-28 21:19:34 ERROR 125765 [ DP10 TP10 EP10 scheduler.py:2655]`
+    (the prefix as a public thread quotes it, #26): the line names TP rank 10, so rank 10 is the culprit, and the
+    exception its traceback goes on to print is in the headline."""
+    log = tmp_path / "server.log"
+    log.write_text(SGLANG_CONFIGURED)
+    v = _verdict([log])
+    assert (v["status"], v["kind"], v["culprit_ranks"]) == ("crashed", "rank_exited", [10]), v["summary"]
+    assert "RuntimeError: CUDA error: an illegal memory access" in v["summary"]
+    # the same statement with its logger's stamp kept by a collector in front still names the rank
+    stamped = tmp_path / "stamped.log"
+    stamped.write_text("".join(f"2025-08-28T21:19:40.000000Z {ln}\n" for ln in SGLANG_CONFIGURED.splitlines()))
+    assert _verdict([stamped])["culprit_ranks"] == [10]
+
+
+# --- several stuck groups: the first stall leads -------------------------------------------------------------------
+
+def _stuck_on(group: str, name: str, seq: int, ranks: tuple[int, ...], t: int) -> list[dict]:
+    return [r for k in ranks for r in call(k, name, seq, group=group, backend="nccl", returned=False, ranks=ranks,
+                                           t=t + k)]
+
+
+def test_of_several_stuck_groups_the_one_issued_first_leads_whatever_its_name() -> None:
+    """Group "a" stuck in all_reduce issued at t=9 ms, group "z" in all_to_all issued at t=2 ms: z stalled first."""
+    rows = _stuck_on("a", "all_reduce", 5, (0, 1), 9_000_000) + _stuck_on("z", "all_to_all", 3, (2, 3), 2_000_000)
+    got = waiting_rule.stuck(model(rows, world=4))
+    assert [c.operation.group for c in got] == ["z", "a"]
+    swapped = _stuck_on("a", "all_reduce", 5, (0, 1), 2_000_000) + _stuck_on("z", "all_to_all", 3, (2, 3), 9_000_000)
+    assert [c.operation.group for c in waiting_rule.stuck(model(swapped, world=4))] == ["a", "z"]
+
+
+def test_of_several_stuck_groups_the_one_with_work_queued_behind_it_leads() -> None:
+    """No times (watchdog lines of a paste): group "b"'s rank enqueued 4 works past its stuck seq 216, group "a"'s
+    none past 57: b's stall is the older one, a's rank stopped issuing at it."""
+    rows = [r for r in call(13, "all_to_all_single", 216, group="b", backend="nccl", returned=False, ranks=None,
+                            source="watchdog")] + \
+        [r for r in call(15, "all_reduce", 57, group="a", backend="nccl", returned=False, ranks=None,
+                         source="watchdog")]
+    for r in rows:
+        r["wall_ns"] = None
+    status = [obs("watchdog_pg_status", 13, group="b", detail="enqueued=220 completed=215 failed_seq=216",
+                  source="watchdog"),
+              obs("watchdog_pg_status", 15, group="a", detail="enqueued=57 completed=56 failed_seq=57",
+                  source="watchdog")]
+    got = waiting_rule.stuck(model(rows, status))
+    assert [c.operation.name for c in got][:1] == ["all_to_all_single"], [c.summary for c in got]
+    assert [c.operation.name for c in waiting_rule.stuck(model(rows))][:1] == ["all_reduce"]  # no evidence: names
+
+
+def test_nccl_1610s_verdict_is_the_all_to_all(tmp_path: Path) -> None:
+    v = _verdict(sorted((FIELD / "nccl-1610").glob("log_*.txt")))
+    assert v["operation"]["name"].startswith("all_to_all"), v["summary"]
+    assert v["operation"]["seq"] == 216
