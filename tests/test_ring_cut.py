@@ -92,6 +92,9 @@ def test_rings_cut_under_running_ranks_never_end_them(tmp_path: Path, faulthandl
     verdict = json.loads((run_dir / "verdict.json").read_text())
     assert verdict["status"] not in ("hang", "crashed"), (verdict["status"], verdict["kind"], verdict["summary"])
     assert verdict["culprit_ranks"] == [], verdict["summary"]
+    # the job was traced and its records were lost: the verdict says so, never "no process of it was traced"
+    assert "never loaded" not in verdict["summary"] and "was traced" in verdict["summary"], verdict["summary"]
+    assert "cut to 0 bytes" in verdict["summary"], verdict["summary"]
 
 
 def test_a_sigbus_that_is_not_a_rings_still_ends_the_process_as_it_always_did(tmp_path: Path):

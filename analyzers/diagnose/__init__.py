@@ -223,8 +223,28 @@ def _recorded_nothing(ctx: Model) -> bool:
     return not ours and not pids and not ctx.rank_pids and ctx.inputs.stacks.num_rows == 0
 
 
+def _rings_lost(ctx: Model) -> tuple[int, int]:
+    """(rings made and then lost, of them cut to 0 bytes): the job was traced, its records are gone (trace run's
+    finalize names each such ring in meta.json)."""
+    lost = cut = 0
+    for h in ctx.inputs.hosts:
+        problems = (h.meta or {}).get("finalize_problems") or []
+        for p in [problems] if isinstance(problems, str) else problems:
+            lost += str(p).count(".ring:")
+            cut += str(p).count("a ring cut to 0 bytes")
+    return lost, cut
+
+
 def _no_primary(ctx: Model, status: str) -> tuple[str, str, list[str]]:
     job = ctx.job
+    lost, cut = _rings_lost(ctx) if status == "completed" and job.traced else (0, 0)
+    if lost and _recorded_nothing(ctx):
+        how = (f", {cut} of them cut to 0 bytes by another process while the job ran" if cut < lost else
+               ", cut to 0 bytes by another process while the job ran") if cut else ""
+        return ("no_hang", f"The job exited with status 0; it was traced, but its records were lost ({lost} "
+                f"ring{'s' if lost != 1 else ''} unreadable{how}): nothing is known about its collectives.",
+                ["Keep cleanup scripts and log rotation (copytruncate) away from the run folder's rings/ while a job "
+                 "runs."] if cut else [])
     if status == "completed" and job.traced and _recorded_nothing(ctx):
         why = next((str(u) for h in ctx.inputs.hosts if (u := (h.meta or {}).get("untraced"))), None)
         return ("no_hang", "The job exited with status 0, but no process of it was traced"
