@@ -135,3 +135,18 @@ def test_nccl_1610s_verdict_is_the_all_to_all(tmp_path: Path) -> None:
     v = _verdict(sorted((FIELD / "nccl-1610").glob("log_*.txt")))
     assert v["operation"]["name"].startswith("all_to_all"), v["summary"]
     assert v["operation"]["seq"] == 216
+
+
+# --- wording ---------------------------------------------------------------------------------------------------------
+
+def test_a_barrier_timeout_is_said_once_as_a_barrier_and_a_one_element_all_reduce_as_barrier_like() -> None:
+    from ranktrace.analyzers.diagnose import watchdog_rule
+
+    v = _verdict([FIELD / "accelerate-1317" / "pdsh_log.txt"])  # a DeepSpeed barrier() that timed out
+    assert v["operation"]["name"] == "barrier" and "barrier-like barrier" not in v["summary"], v["summary"]
+    rows = [r for k in (1, 2) for r in call(k, "all_reduce", 9, backend="nccl", source="watchdog", shape="[1]",
+                                            ranks=None, error="Watchdog caught collective operation timeout")]
+    for r in rows:
+        r["seq"] = None  # an old watchdog line: no sequence number
+    (c,) = watchdog_rule.reported_timeouts(model(rows))
+    assert "barrier-like all_reduce (one element" in c.summary, c.summary

@@ -125,7 +125,8 @@ def reported_timeouts(ctx: Model) -> list[Candidate]:
                               f"{r['name']}: {r['error'] or r['detail'] or 'in flight'}"[:220], r["rank"]) for r in mine[:8])
         if is_barrier_like(name, shape):
             culprits, why = _culprits_of_barrier(ctx, set(ranks), ())
-            summary = (f"{ranks_text(ranks) if ranks else 'a rank'} timed out in a barrier-like {name}: a barrier "
+            what = name if "barrier" in (name or "") else f"barrier-like {name} (one element, as barrier() runs it)"
+            summary = (f"{ranks_text(ranks) if ranks else 'a rank'} timed out in a {what}: a barrier "
                        "waits for a rank that never arrived" + (f"; {ranks_text(culprits)} did not report it"
                                                                 if culprits else ""))
             return [Candidate("missing_ranks", summary, culprits=culprits, waiting=tuple(ranks),
