@@ -150,3 +150,25 @@ def test_a_barrier_timeout_is_said_once_as_a_barrier_and_a_one_element_all_reduc
         r["seq"] = None  # an old watchdog line: no sequence number
     (c,) = watchdog_rule.reported_timeouts(model(rows))
     assert "barrier-like all_reduce (one element" in c.summary, c.summary
+
+
+# --- a rank's own "Some NCCL operations have failed or timed out" -----------------------------------------------------
+
+def test_a_rank_that_says_its_nccl_work_failed_or_timed_out_waited_and_is_never_the_missing_one() -> None:
+    """sqlr1-18 (a Ray paste): rank 2's watchdog timed out in a 1-element all_reduce seq 1, and rank 0 printed
+    ProcessGroupNCCL's "Some NCCL operations have failed or timed out ... taking the entire process down". Rank 0
+    reported the failure too: it is among the waiting, not "the one not reporting it"."""
+    v = _verdict([FIELD / "sqlr1-18" / "ray_log.txt"])
+    assert v["culprit_ranks"] == [], v["summary"]
+    assert 0 in v["waiting_ranks"] and 2 in v["waiting_ranks"], v["waiting_ranks"]
+    assert "rank 0 is the one not reporting it" not in v["summary"]
+    from ranktrace.analyzers.diagnose import watchdog_rule
+
+    rows = [r for k in (1, 2, 3) for r in call(k, "all_reduce", 1, backend="nccl", source="watchdog", shape="[1]",
+                                               ranks=None, error="Watchdog caught collective operation timeout")]
+    said = obs("exception", 0, name="nccl_work_failed", source="torch_c10d",
+               detail="Some NCCL operations have failed or timed out.")
+    (quiet,) = watchdog_rule.barrier_timeout(model(rows, [obs("progress", 0, name="step", detail="map 40%")]))
+    assert quiet.culprits == (0,)  # rank 0 seen, silent about the barrier: the usual suspect, named
+    (spoke,) = watchdog_rule.barrier_timeout(model(rows, [said]))
+    assert spoke.culprits == () and 0 in spoke.waiting

@@ -38,7 +38,19 @@ def is_barrier_like(name: str | None, shape: str | None) -> bool:
     return name in ("all_reduce", "all_gather", "all_gather_into_tensor") and bool(shape and _ONE.match(shape))
 
 
+#: a rank's own statement that its NCCL work failed or timed out, with no op named (torch_c10d: a watchdog line cut
+#: before its WorkNCCL body, "Some NCCL operations have failed or timed out"): that rank waited too
+_STATED_FAILURES = frozenset({"watchdog_timeout", "nccl_work_failed"})
+
+
+def stated_failures(ctx: Model) -> set[int]:
+    return {o["rank"] for o in ctx.observations("exception") if o["name"] in _STATED_FAILURES and o["rank"] is not None}
+
+
 def _culprits_of_barrier(ctx: Model, reporters: set[int], members: tuple[int, ...]) -> tuple[tuple[int, ...], str]:
+    """The rank a barrier waits for: a member that reported no timeout. A rank that says its own NCCL work failed or
+    timed out (no op named) reported one too: it is never the missing one."""
+    reporters = reporters | stated_failures(ctx)
     if members and len(members) > len(reporters) and ctx.world:
         return tuple(sorted(set(members) - reporters)), "they are the members that reported no timeout"
     if reporters and 0 not in reporters:
@@ -69,6 +81,11 @@ def barrier_timeout(ctx: Model) -> list[Candidate]:
                    f"that never arrived" + (f"; {ranks_text(culprits)} is the one not reporting it" if culprits else
                                               "; rank 0, which the input never shows, is the likely one" if suspect
                                               else "; the lines do not say which rank that is"))
+        also = sorted(stated_failures(ctx) - reporters - set(culprits))
+        if also:
+            summary += (f"; {ranks_text(also)} also report{'s' if len(also) == 1 else ''} failed or timed-out NCCL "
+                        "work")
+            reporters = reporters | set(also)
         ev = [op_evidence(o) for o in ops[:12]]
         steps = ["Find the rank that did not reach the barrier: the one whose log shows no timeout, or whose last "
                  "lines show other work (a progress bar, saving, evaluation); dump its stack (py-spy dump --pid)."]

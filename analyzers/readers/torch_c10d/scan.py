@@ -482,6 +482,8 @@ class _Scanner:
         if P["wd_bare"].search(body) and "WorkNCCL(" not in body:
             exc = EXC_PREFIX.match(body)
             self.add(BareTimeout(no, who, exc.group("type") if exc else None, body))
+        elif P["wd_some_failed"].search(body):
+            self.add(BareTimeout(no, who, "nccl_work_failed", body))
 
     # --- TORCH_NCCL_DESYNC_DEBUG ------------------------------------------------------------------------------------
     def desync(self, no: int, who: Speaker, body: str) -> None:

@@ -42,6 +42,7 @@ _KEYS = (
     r"To our best knowledge", r"\[[\d, ]{1,4000}\] (?:joined but didn't finish|finished) collective #",
     r"#\d{1,12} (?:started|finished) ranks:", r"(?:started|finished) [A-Z_]{3,40}\s*$",
     r"Watchdog caught collective operation timeout(?!(?: for work)?: ?WorkNCCL\()", r"NCCL error in: ",
+    r"Some NCCL operations have failed or timed out",
     r"NCCL Error \d", r"NCCL error: ",
     r"NCCL communicator was aborted", r"nccl(?:System|Internal|UnhandledCuda|Remote|InvalidUsage|InvalidArgument)"
     r"(?:Error)?: ", r"Cuda failure '", r"CUDA error: ", r"terminate called after throwing an instance of",
@@ -181,6 +182,9 @@ P: dict[str, re.Pattern[str]] = {
     # ProcessGroupNCCL watchdog, cut before its WorkNCCL(...) body: "[Rank 1] Watchdog caught collective operation
     # timeout" (the watchdog family reads the lines that keep the body).
     "wd_bare": _c(r"Watchdog caught collective operation timeout"),
+    # ProcessGroupNCCL::WorkNCCL::handleException (2.x): "[Rank 0] Some NCCL operations have failed or timed out. Due
+    # to the asynchronous nature of CUDA kernels, ..." — this rank's own watchdog found its work failed or timed out
+    "wd_some_failed": _c(r"Some NCCL operations have failed or timed out"),
     # NCCL errors surfaced by torch (NCCLUtils C10D_NCCL_CHECK, 1.x – 2.13): "NCCL error in: ../torch/csrc/
     # distributed/c10d/ProcessGroupNCCL.cpp:1970, unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL
     # version 2.20.5" then "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or
