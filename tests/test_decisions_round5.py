@@ -172,3 +172,19 @@ def test_a_rank_that_says_its_nccl_work_failed_or_timed_out_waited_and_is_never_
     assert quiet.culprits == (0,)  # rank 0 seen, silent about the barrier: the usual suspect, named
     (spoke,) = watchdog_rule.barrier_timeout(model(rows, [said]))
     assert spoke.culprits == () and 0 in spoke.waiting
+
+
+# --- SGLang's scheduler watchdog ends the server ---------------------------------------------------------------------
+
+def test_sglangs_scheduler_watchdog_is_a_step_that_never_finished_and_ended_the_server(tmp_path: Path) -> None:
+    """SGLang's scheduler watchdog (managers/scheduler.py, watchdog_thread) logs a forward batch still running after
+    --watchdog-timeout, dumps the schedulers' stacks and sends SIGQUIT to the server: the posted log (sglang-7783,
+    verbatim) shows a crash of the serving step, never "not enough evidence". The soft watchdog only logs."""
+    v = _verdict([FIELD / "sglang-7783" / "server.log"])
+    assert v["status"] == "crashed", v["summary"]
+    assert "scheduler watchdog" in v["summary"] and "300 s" in v["summary"], v["summary"]
+    assert v["culprit_ranks"] == []
+    soft = tmp_path / "soft.log"
+    soft.write_text("[2026-01-29 13:12:37 TP1] Scheduler watchdog timeout (self.watchdog_timeout=300, "
+                    "self.soft=True)\n")
+    assert _verdict([soft])["status"] != "crashed"

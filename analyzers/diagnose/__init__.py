@@ -185,7 +185,19 @@ def _crash_shown(ctx: Model) -> bool:
         return True  # a traceback was printed: an exception ended that process, even if the paste cuts its line
     if any(not _STILL_TRYING.search(o["detail"] or "") for o in obs["init_failure"]):
         return True  # a set-up timeout is raised (DistStoreError, DistNetworkError, RuntimeError)
+    if any(mine(o) for o in _step_watchdog_kills(ctx)):
+        return True  # SGLang's scheduler watchdog ends the server after it reports a step that never finished
     return bool(obs["transport_error"] or obs["py_fatal_error"] or obs["watchdog_stuck"] or obs["fingerprint"])
+
+
+def _step_watchdog_kills(ctx: Model) -> list[dict]:
+    """SGLang's scheduler watchdog reports (server_log's server_stall "scheduler_watchdog"): a forward batch still
+    running after --watchdog-timeout seconds. Unless it is the soft watchdog (``self.soft=True``: it only logs), the
+    scheduler then dumps its stacks and sends SIGQUIT to the server (python/sglang/srt/managers/scheduler.py,
+    watchdog_thread, 0.4 on; "Watchdog timeout (self.watchdog_timeout=300)" before 0.5, "Scheduler watchdog timeout
+    (self.watchdog_timeout=300, self.soft=False)" after): the server ended itself."""
+    return [o for o in ctx.observations("server_stall") if o["name"] == "scheduler_watchdog"
+            and "soft=True" not in (o["detail"] or "")]
 
 
 _STILL_TRYING = re.compile(r"still waiting|retrying|^Waiting", re.IGNORECASE)
@@ -274,6 +286,18 @@ def _no_primary(ctx: Model, status: str) -> tuple[str, str, list[str]]:
                  "`trace attach PID` while it hangs."])
     if status == "idle":
         return "no_hang", "The job is serving and idle: ranks wait for requests, nothing is pending.", []
+    if status == "crashed" and not job.traced and (kills := _step_watchdog_kills(ctx)):
+        ranks = sorted({o["rank"] for o in kills if o["rank"] is not None})
+        secs = max((o["value"] for o in kills if o["value"] is not None), default=None)
+        who = f"on {ranks_text(ranks)} " if ranks else ""
+        return ("unknown", f"SGLang's scheduler watchdog {who}found its forward batch still running after "
+                f"{secs if secs is not None else '--watchdog-timeout'} s (a step that hung: a kernel or a collective "
+                "inside it) and ended the server; nothing in the inputs says which collective or rank the step "
+                "waited for.",
+                ["Read the scheduler's own dump just after the watchdog line (py-spy stacks of every scheduler, the "
+                 "batch it ran): a rank outside the forward, or one in a different collective, is the culprit.",
+                 "If py-spy is missing there (\"py-spy: command not found\"), install it in the server's environment, "
+                 "or run the server under `trace run`, which takes every rank's stack when the job goes silent."])
     if status == "crashed" and not job.traced:
         what = _first_error(ctx)
         return ("unknown", f"A rank failed{': ' + what if what else ''}; nothing shows which collective or rank the "
