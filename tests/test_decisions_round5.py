@@ -188,3 +188,14 @@ def test_sglangs_scheduler_watchdog_is_a_step_that_never_finished_and_ended_the_
     soft.write_text("[2026-01-29 13:12:37 TP1] Scheduler watchdog timeout (self.watchdog_timeout=300, "
                     "self.soft=True)\n")
     assert _verdict([soft])["status"] != "crashed"
+
+
+def test_a_stuck_op_seen_on_one_rank_never_claims_every_member_of_its_group() -> None:
+    """A watchdog line of one rank (milabench-pr269-c): the group's other members are in no input, so the verdict says
+    what rank 13 did, not "every member of group 0 (rank 13)", and lists no members it does not know."""
+    v = _verdict([FIELD / "milabench-pr269-c" / "dinov2_rank13.txt"])
+    assert "every member" not in v["summary"] and "Rank 13 is inside reduce seq 2070" in v["summary"], v["summary"]
+    assert not v["operation"].get("group_ranks"), v["operation"]
+    rows = [r for k in (0, 1) for r in call(k, "all_reduce", 2, backend="nccl", returned=False, ranks=(0, 1))]
+    (c,) = waiting_rule.stuck(model(rows, world=2))  # the group's ranks are stated: every member it is
+    assert "every member of group 0" in c.summary, c.summary

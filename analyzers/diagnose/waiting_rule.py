@@ -373,6 +373,11 @@ def stuck(ctx: Model) -> list[Candidate]:
     for s in _stalled_first(ctx, ctx.graph.stuck):
         ref = s.ops[0]
         members = ctx.graph.members.get(s.chan, ())
+        # membership an input states (the group's ranks, the default group of a known world, a p2p pair); else only
+        # the ranks that reported the op are known, and "every member" would be a claim no input makes
+        stated = bool(ctx.group_ranks.get(ref.group or "")) or ref.category == "p2p" or bool(
+            ctx.world and (ref.group_desc == "default_pg" or ref.group in ("0", "default_pg")))
+        group = f"group {ref.group}" if ref.group else "an unnamed group"
         if (ref.group or "").startswith("hook:") and all(o.returned for o in s.ops) and not any(
                 o.errored for o in s.ops) and not any(
                 ctx.host_states.get(r) == "host_sync_wait" for r in s.not_completed):
@@ -385,14 +390,19 @@ def stuck(ctx: Model) -> list[Candidate]:
             conf = 0.7
         elif not any(o.returned for o in s.ops):
             culprits = ()
-            summary = (f"every member of group {ref.group} ({ranks_text(members)}) is inside {ref.name} seq {s.seq} "
-                       "and none returned from it: the call itself waits (spinning or blocked) for a peer, the "
-                       "transport or the device")
+            who = (f"every member of {group} ({ranks_text(members)}) is" if stated else
+                   f"{ranks_text(s.not_completed)} {'is' if len(s.not_completed) == 1 else 'are'}")
+            summary = (f"{who} inside {ref.name} seq {s.seq}" + (" and none returned from it" if stated else
+                                                                  f" of {group} and never returned from it")
+                       + ": the call itself waits (spinning or blocked) for a peer, the "
+                       "transport or the device" + ("" if stated else "; no input shows the group's other members"))
             conf = 0.6
         else:
             culprits = ()
-            summary = (f"every member of group {ref.group} ({ranks_text(members)}) issued {ref.name} seq {s.seq} "
-                       f"and none completed it: stuck below Python (transport, GPU stream)")
+            who = (f"every member of {group} ({ranks_text(members)})" if stated else ranks_text(s.not_completed))
+            summary = (f"{who} issued {ref.name} seq {s.seq}" + ("" if stated else f" of {group}")
+                       + " and none completed it: stuck below Python (transport, GPU stream)"
+                       + ("" if stated else "; no input shows the group's other members"))
             conf = 0.6
         states = {r: ctx.host_states.get(r) for r in s.not_completed}
         sync = [r for r, st in states.items() if st == "host_sync_wait"]
@@ -421,7 +431,7 @@ def stuck(ctx: Model) -> list[Candidate]:
                              "rerun once with NCCL_P2P_DISABLE=1.")
         waiting_r = tuple(sorted(set(members) - set(culprits))) if culprits else tuple(s.not_completed)
         out.append(Candidate("stuck_in_collective", summary, culprits=tuple(culprits), waiting=waiting_r,
-                             operation=operation_of(ref, members),
+                             operation=operation_of(ref, members if stated else None),
                              findings=[Finding("stuck_in_collective", summary, tuple(culprits or s.not_completed),
                                                conf, tuple(ev))],
                              next_steps=steps))
