@@ -199,3 +199,11 @@ def test_a_stuck_op_seen_on_one_rank_never_claims_every_member_of_its_group() ->
     rows = [r for k in (0, 1) for r in call(k, "all_reduce", 2, backend="nccl", returned=False, ranks=(0, 1))]
     (c,) = waiting_rule.stuck(model(rows, world=2))  # the group's ranks are stated: every member it is
     assert "every member of group 0" in c.summary, c.summary
+
+
+def test_a_segfault_inside_communicator_set_up_is_a_rank_that_died_not_a_set_up_that_hangs() -> None:
+    """hamicore-169 (verbatim): torch's fatal-signal report of a process that segfaulted inside ncclCommInitRank
+    (HAMi's cuMemCreate hook). That process died there; the verdict says a rank crashed, and where."""
+    v = _verdict([FIELD / "hamicore-169" / "error.txt"])
+    assert (v["status"], v["kind"]) == ("crashed", "rank_exited"), v["summary"]
+    assert "segmentation fault" in v["summary"] and "ncclCommInitRank" in v["summary"], v["summary"]

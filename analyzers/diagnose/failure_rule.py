@@ -65,6 +65,11 @@ def init_failure(ctx: Model) -> list[Candidate]:
         {**o, "name": "nccl_init"} for o in ctx.observations("transport_error") + ctx.observations("exception")
         if (o["kind"] == "exception" or o["name"] == "nccl_error") and "NCCL" in (o["detail"] or "")
         and _SETUP_NCCL_ERROR.search(o["detail"] or "") and not _ran_collectives(ctx)]
+    # a process that segfaulted inside set-up did not hang there: it died (rank_exit says so, with where)
+    segfaulted = [r for r in rows if (r["detail"] or "").startswith("segfault inside")]
+    rows = [r for r in rows if r not in segfaulted]
+    if segfaulted and not rows:
+        return []  # its stack (in set-up) is where it died, not where it waits
     stacks_in_init = {r: s for r, s in ctx.stacks.items() if ctx.host_states.get(r) == "in_init"}
     anon_in_init = [s for s in ctx.anon_stacks if _state(s) == "in_init"]
     if not rows and not stacks_in_init and not anon_in_init:
@@ -163,6 +168,11 @@ def rank_exit(ctx: Model) -> list[Candidate]:
         how["name"] or "", "exited")
     if how["name"] == "exception" and (exc := _its_exception(ctx, how)) is not None:
         cause += f" ({exc})"
+    if how["name"] == "segfault":
+        inside = next((o["detail"] for o in ctx.observations("init_failure") if o["file"] == how["file"]
+                       and o["line"] == how["line"] and (o["detail"] or "").startswith("segfault inside")), None)
+        if inside:
+            cause += inside[len("segfault"):]  # " inside ncclCommInitRank": where in set-up it died
     who = ranks_text(culprits) if culprits else "a rank"
     if assumed_local:
         who = ("local " + who) + " (the global rank, if this is one node)"
