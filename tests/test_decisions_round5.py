@@ -8,6 +8,7 @@ the operation, and that no line says "rank -1" or "thread ?".
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from ranktrace.analyzers.api import analyze
@@ -207,3 +208,52 @@ def test_a_segfault_inside_communicator_set_up_is_a_rank_that_died_not_a_set_up_
     v = _verdict([FIELD / "hamicore-169" / "error.txt"])
     assert (v["status"], v["kind"]) == ("crashed", "rank_exited"), v["summary"]
     assert "segmentation fault" in v["summary"] and "ncclCommInitRank" in v["summary"], v["summary"]
+
+
+# --- a stall that resolved in a run that exited 0 ---------------------------------------------------------------------
+
+SLEEPY = r"""
+import os, sys, time, torch, torch.distributed as dist, torch.multiprocessing as mp
+def work(rank):
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["PORT"], rank=rank, world_size=2)
+    t = torch.ones(8)
+    for _ in range(20):
+        dist.all_reduce(t)
+    if rank == 0:
+        time.sleep(float(sys.argv[1]))   # rank 0 writes a checkpoint to slow storage; rank 1 waits in the barrier
+    dist.barrier()
+    for _ in range(20):
+        dist.all_reduce(t)
+    print(f"rank {rank} done", flush=True)
+    dist.destroy_process_group()
+if __name__ == "__main__":
+    mp.spawn(work, nprocs=2)
+"""
+
+
+def test_a_stall_the_watchdog_caught_in_a_run_that_then_finished_is_told_as_resolved(tmp_path: Path) -> None:
+    """A real 2-rank gloo job: rank 0 sleeps 10 s past --hang-after while rank 1 waits in the barrier, then both
+    finish (exit 0). The live report said what it saw; the run's verdict is COMPLETED, and its findings tell the
+    stall once as resolved — no missing_ranks or blocked_outside_collective finding under a COMPLETED headline."""
+    import socket
+
+    from tests.helpers import run_trace, trace_env
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    job = tmp_path / "sleepy.py"
+    job.write_text(SLEEPY)
+    run = tmp_path / "run"
+    res = run_trace(["run", "--hang-after", "4", "-o", str(run), "--", sys.executable, str(job), "14"], timeout=180,
+                    env=trace_env(PORT=str(port)), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "rank 0 done" in res.stdout and "rank 1 done" in res.stdout
+    assert "HANG" in res.stderr, res.stderr[-3000:]  # the live report while it lasted
+    v = json.loads((run / "verdict.json").read_text())
+    assert (v["status"], v["kind"], v["culprit_ranks"]) == ("completed", "no_hang", []), v["summary"]
+    kinds = [f["kind"] for f in v["findings"]]
+    assert "stall_resolved" in kinds, kinds
+    from ranktrace.analyzers.arbitrate import HANG_KINDS
+
+    assert not set(kinds) & HANG_KINDS, kinds

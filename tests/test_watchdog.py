@@ -327,4 +327,4 @@ def test_a_rank_spinning_inside_an_open_collective_is_waiting_not_progressing(tm
     # and the verdict says so: the rank is inside the hooked all_reduce it never returned from
     v = json.loads((tmp_path / "r" / "verdict.json").read_text())
     assert (v["status"], v["kind"], v["operation"]["seq"]) == ("hang", "stuck_in_collective", 2), v["summary"]
-    assert "none returned from it" in v["summary"]
+    assert "never returned from it" in v["summary"], v["summary"]

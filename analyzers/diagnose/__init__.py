@@ -52,6 +52,8 @@ def diagnose(ctx: Model) -> Verdict:
     if cut is not None and not (primary is not None and _reported_live(ctx)):
         primary = None  # a trace cut by killing trace run shows what was open then, never that it hung
     findings: list[Finding] = decision.findings(candidates)
+    if primary is None and job.traced and job.ended and job.exit_code == 0 and not job.signal:
+        findings = _resolved_stalls(ctx, findings)
     if cut is not None:
         findings.insert(0, cut)
     if job.traced and job.ended and job.interrupted:
@@ -94,6 +96,25 @@ def diagnose(ctx: Model) -> Verdict:
         hosts=_hosts(ctx),
         **verdict_args,  # type: ignore[arg-type]
     )
+
+
+def _resolved_stalls(ctx: Model, findings: list[Finding]) -> list[Finding]:
+    """A run that exited 0 after the watchdog caught a silence (a rank asleep in a checkpoint write while the others
+    waited in a barrier): what the burst showed is told once, as a stall that resolved, never as a hang finding
+    beside a COMPLETED headline."""
+    stalls = [f for f in findings if f.kind in arbitration.HANG_KINDS]
+    if not stalls:
+        return findings
+    first = stalls[0]
+    when = ""
+    live = next((v for h in ctx.inputs.hosts if isinstance(v := (h.meta or {}).get("hang_reported"), dict)), None)
+    if live and live.get("wall_ns"):
+        import datetime
+
+        when = " at " + datetime.datetime.fromtimestamp(int(live["wall_ns"]) / 1e9).strftime("%H:%M:%S")
+    told = Finding("stall_resolved", f"a stall the watchdog caught{when} resolved and the job went on to exit 0 (what it "
+                   f"showed then: {first.summary})", first.ranks, min(first.confidence, 0.5), first.evidence)
+    return [told] + [f for f in findings if f.kind not in arbitration.HANG_KINDS]
 
 
 def _stopped_status(ctx: Model) -> str:
