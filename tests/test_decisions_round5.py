@@ -257,3 +257,26 @@ def test_a_stall_the_watchdog_caught_in_a_run_that_then_finished_is_told_as_reso
     from ranktrace.analyzers.arbitrate import HANG_KINDS
 
     assert not set(kinds) & HANG_KINDS, kinds
+
+
+# --- native stacks: a host sync under its C++ name, and frames that say nothing ----------------------------------------
+
+def test_a_gdb_stack_in_local_scalar_dense_cuda_is_a_host_sync_wait_for_the_gpu() -> None:
+    """pytorch-95944 (verbatim gdb): cudaMemcpyAsync under at::native::_local_scalar_dense_cuda, an .item() waiting
+    for the GPU stream: the usual signature of GPU-side collective work that never completes, never "busy outside
+    collectives"."""
+    from ranktrace.analyzers.model.hoststate import classify
+
+    assert classify(("at::native::_local_scalar_dense_cuda(at::Tensor const&) (libtorch_cuda.so)",)) == \
+        "host_sync_wait"
+    v = _verdict([FIELD / "pytorch-95944" / "last_rank_gdb.txt"])
+    assert (v["status"], v["kind"]) == ("hang", "stuck_in_collective"), v["summary"]
+    assert "waits for the GPU on the host" in v["summary"], v["summary"]
+
+
+def test_a_native_stack_of_interpreter_frames_only_claims_nothing_about_communication() -> None:
+    """pytorch-52916 (verbatim gdb, no Python symbols): the innermost telling frame is _PyEval_EvalFrameDefault.
+    Nothing says what the thread waits for, so no "no communication is involved" claim is made."""
+    v = _verdict([FIELD / "pytorch-52916" / "gdb_bt.txt"])
+    assert v["kind"] != "blocked_outside_collective", v["summary"]
+    assert "_PyEval_EvalFrameDefault" not in v["summary"]

@@ -192,6 +192,8 @@ def anonymous_stacks(ctx: Model) -> list[Candidate]:
                           next_steps=["Check GPU utilisation (a spinning NCCL kernel reads 100%) and the NCCL log of "
                                       "the last collective; try NCCL_P2P_DISABLE=1."])]
     blocked = [s for s, st in states if st in ("blocked_other", "idle_loop", "running")]
+    if blocked and all(_opaque(where(s)) for s in blocked):
+        return []  # only the interpreter's own frames (gdb without Python symbols): nothing says what it waits for
     if blocked and len(blocked) == n:
         places = sorted({w for w in (where(s) for s in blocked) if w})
         doing = "blocked" if all(st != "running" for _s, st in states) else "busy"
@@ -203,6 +205,16 @@ def anonymous_stacks(ctx: Model) -> list[Candidate]:
                           next_steps=["The hang is in the application, not in communication: see what it waits for "
                                       f"({', '.join(places[:3]) or 'the innermost frames'})."])]
     return []
+
+
+#: frames of the interpreter and its binding layer: a native stack whose innermost telling frame is one of these (gdb
+#: without Python symbols) says nothing about what the thread waits for
+_INTERPRETER = re.compile(r"^(?:\?\?|_PyEval_\w+|_?PyObject_\w*Call\w*|_PyFunction_\w+|PyEval_\w+|method_vectorcall\w*|"
+                          r"cfunction_\w+|pybind11::cpp_function::dispatcher|call_function|function_code_fastcall)\b")
+
+
+def _opaque(frame: str | None) -> bool:
+    return frame is None or bool(_INTERPRETER.match(frame))
 
 
 def _moved_between_dumps(stacks: list) -> bool:

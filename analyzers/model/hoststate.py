@@ -40,7 +40,7 @@ _RULES: list[tuple[str, re.Pattern[str]]] = [
         r"TCPStore\.__init__|c10d::TCPStore::TCPStore|c10d::TCPStore::(?:get|doGet|wait|doWait)|"
         r"_init_dist_connection)\b")),
     ("host_sync_wait", re.compile(
-        r"\b(synchronize|tolist|item|_local_scalar_dense|cu(da)?StreamSynchronize|cudaDeviceSynchronize|"
+        r"\b(synchronize|tolist|item|_local_scalar_dense\w*|cu(da)?StreamSynchronize|cudaDeviceSynchronize|"
         r"cu(da)?EventSynchronize|THPVariable_tolist|THPVariable_item)\b")),
     ("in_collective", re.compile(
         r"distributed_c10d\.py|\b(ProcessGroup\w*|gloo::|c10d::|ncclGroupEnd|ncclAllReduce|Work::wait|"
