@@ -129,6 +129,33 @@ def _waits_for_work(top: tuple[str, ...]) -> bool:
     return False
 
 
+#: a Python-level wait a thread parks in: a lock / condition / event (threading.py), a queue, a selector, a sleep
+_PY_WAIT = re.compile(r"\((?:threading|queue|selectors)\.py:|^(?:\w+\.)*sleep \(")
+#: beneath a collective frame, the communicator's own way down to its transport: torch's op dispatch
+#: (torch.ops._C.shm_allreduce), a native frame of a library (the transport's C code)
+_TRANSPORT = re.compile(r"[(/]torch/_ops\.py:|" + _NATIVE_LIB.pattern)
+
+
+def _parked_under_collective(top: tuple[str, ...], thread_state: str | None) -> bool:
+    """Inside a collective's frame, yet parked in something else beneath it: a Python wait (a lock, an event, a
+    queue, a sleep) or, where the sampler says the thread is idle, a blocking call of a frame that is no part of
+    communication — never the transport (torch's op dispatch, a native library frame, another collective frame).
+    Its peers wait *for* it inside the same call (vLLM's rank 0 spinning in torch.ops._C.shm_allreduce while
+    rank 1 sits in a lock its own code took beneath CpuCommunicator.all_reduce): it is blocked, not waiting."""
+    top = without_tracer(top)
+    coll = _RULES[2][1]
+    inner: list[str] = []
+    for f in top:
+        if coll.search(f):
+            break
+        inner.append(f)
+    else:
+        return False  # no collective frame at all
+    if not inner or any(_TRANSPORT.search(f) or any(p.search(f) for _s, p in _RULES[:3]) for f in inner):
+        return False
+    return bool(_PY_WAIT.search(inner[0])) or thread_state == "idle"
+
+
 def classify(frames: tuple[str, ...], thread_state: str | None = None) -> str:
     """Host state of one thread from its innermost frames (unnamed driver/libc frames skipped); a /proc stop (T)
     decides whatever the frames say, a /proc D only where the frames say the thread runs."""
@@ -137,6 +164,8 @@ def classify(frames: tuple[str, ...], thread_state: str | None = None) -> str:
     top = tuple(f for f in frames[:64] if not _OPAQUE.match(f))[:12]
     if _waits_for_work(top):
         return "idle_loop"
+    if _parked_under_collective(top, thread_state):
+        return "blocked_other"
     state = _classify_frames(top, thread_state)
     if thread_state == "uninterruptible" and state in ("running", "unknown"):
         return "uninterruptible"
