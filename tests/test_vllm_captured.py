@@ -4,9 +4,15 @@ that what they need of the analysis is checked where vLLM itself cannot be insta
 
 - vllm_cpu_serving_idle: start-up, one completion, idle past --hang-after, Ctrl-C;
 - vllm_cpu_stop_serving: one completion, then SIGSTOP of VLLM::Worker_TP1 and a second request: rank 0 busy-waits in
-  torch.ops._C.shm_allreduce inside the TP all-reduce, rank 1 is stopped (/proc T) in its request queue's spin.
+  torch.ops._C.shm_allreduce inside the TP all-reduce, rank 1 is stopped (/proc T) in its request queue's spin;
+- vllm_cpu_in_shm_allreduce / vllm_cpu_sleep_in_allreduce: hangs planted inside vLLM's own all-reduce, below the
+  hooked GroupCoordinator._all_reduce_out_place (tests/vllm_real/faults.py in-shm-allreduce, sleep-in-allreduce,
+  armed by the first request): both ranks entered it; rank 0 spins in torch.ops._C.shm_allreduce, rank 1 sits in a
+  threading.Event wait / a time.sleep loop beneath CpuCommunicator.all_reduce and never reaches the C op.
 """
 from __future__ import annotations
+
+import pytest
 
 from ranktrace.analyzers import api
 from tests.helpers import REPO
@@ -39,3 +45,24 @@ def test_a_stopped_worker_and_a_rank_spinning_in_shm_allreduce_for_it():
     assert v.ranks[1].state == "stopped"
     assert v.ranks[0].state == "in_collective" and "_CPUSHMDistributed.all_reduce" in (v.ranks[0].where or "")
     assert v.operation is not None and (v.operation.name, v.operation.phase) == ("all_reduce", "serving")
+
+
+@pytest.mark.parametrize("run, where", [("vllm_cpu_in_shm_allreduce", "_block"),
+                                        ("vllm_cpu_sleep_in_allreduce", "_sleep_forever")])
+def test_a_rank_parked_beneath_vllms_own_all_reduce_is_blocked_not_waiting_in_it(run, where):
+    """Rank 1 is inside the collective's frames but waits in its own code, not in the transport: blocked; rank 0,
+    spinning on CPU in the C op, is the one waiting in the collective (its CPU is no progress)."""
+    v = api.analyze([RUNS / run], liveness=None).verdict
+    assert v.status == "hang", v.summary
+    assert v.operation is not None and v.operation.name == "all_reduce", v.operation
+    assert (v.ranks[1].state, v.ranks[1].phase) == ("blocked_other", "serving"), (v.ranks[1].state, v.ranks[1].where)
+    assert any(where in f for f in v.ranks[1].stack), v.ranks[1].stack
+    assert (v.ranks[0].state, v.ranks[0].phase) == ("in_collective", "serving"), (v.ranks[0].state, v.ranks[0].where)
+
+
+@pytest.mark.xfail(strict=True, reason="analyzers/diagnose/waiting_rule.stuck: every member inside the hooked call "
+                   "and none returned gives no culprit, whatever the host states say (the lead's file)")
+@pytest.mark.parametrize("run", ["vllm_cpu_in_shm_allreduce", "vllm_cpu_sleep_in_allreduce"])
+def test_a_rank_parked_beneath_vllms_own_all_reduce_is_the_culprit(run):
+    v = api.analyze([RUNS / run], liveness=None).verdict
+    assert list(v.culprit_ranks) == [1], (v.kind, v.summary)

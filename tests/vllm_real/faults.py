@@ -14,6 +14,14 @@ nothing at all. With it, one vLLM function is patched in the worker of rank RANK
                      scheduled (the first request) — or, with RANKTRACE_TEST_VLLM_FAULT_ARM=PATH, the first request
                      after the file PATH exists (the server serves healthy until then): rank 0 spins in
                      torch.ops._C.shm_allreduce waiting for it
+  in-shm-allreduce   _CPUSHMDistributed.all_reduce (under CpuCommunicator.all_reduce, under the hooked
+                     GroupCoordinator._all_reduce_out_place) blocks on the first request, before calling
+                     torch.ops._C.shm_allreduce: both ranks are inside the TP all-reduce, rank 0 spins in the C op
+  sleep-in-allreduce torch.ops._C.shm_allreduce's caller sleeps forever in a time.sleep loop on the first request
+                     (a rank that never finishes its own work inside the collective)
+  in-shm-allgather   _CPUSHMDistributed.all_gather_into_tensor (the logits all-gather: LogitsProcessor ->
+                     GroupCoordinator._all_gather_out_place -> CpuCommunicator.all_gather) blocks on the first
+                     request: rank 0 spins in torch.ops._C.shm_all_gather
   kill-loading       get_model (weight loading in CPUModelRunner.load_model) SIGKILLs its own process
 
 "Blocks" is a plain threading.Event().wait(): a thread parked in a lock, as a real lost wake-up would be.
@@ -93,6 +101,50 @@ def _patch_comm_op(mod) -> None:
     mod.tensor_model_parallel_all_reduce = tensor_model_parallel_all_reduce
 
 
+def _patch_shm_allreduce(mod) -> None:
+    cls = mod._CPUSHMDistributed
+    orig = cls.all_reduce
+
+    def all_reduce(self, *a, **kw):
+        if _armed[0] and self.communicator.rank == RANK:
+            _block("_CPUSHMDistributed.all_reduce (first request)")
+        return orig(self, *a, **kw)
+
+    cls.all_reduce = all_reduce
+
+
+def _sleep_forever(where: str) -> None:
+    import time
+
+    sys.stderr.write(f"[test-fault] rank {RANK} sleeps forever in {where} (pid {os.getpid()})\n")
+    sys.stderr.flush()
+    while True:
+        time.sleep(0.05)
+
+
+def _patch_shm_allreduce_sleep(mod) -> None:
+    cls = mod._CPUSHMDistributed
+
+    def all_reduce(self, input, group=None):
+        if _armed[0] and self.communicator.rank == RANK:
+            _sleep_forever("_CPUSHMDistributed.all_reduce, instead of torch.ops._C.shm_allreduce (first request)")
+        mod.torch.ops._C.shm_allreduce(self.handle, input)
+
+    cls.all_reduce = all_reduce
+
+
+def _patch_shm_allgather(mod) -> None:
+    cls = mod._CPUSHMDistributed
+    orig = cls.all_gather_into_tensor
+
+    def all_gather_into_tensor(self, *a, **kw):
+        if _armed[0] and self.communicator.rank == RANK:
+            _block("_CPUSHMDistributed.all_gather_into_tensor (first request)")
+        return orig(self, *a, **kw)
+
+    cls.all_gather_into_tensor = all_gather_into_tensor
+
+
 def _patch_execute(mod) -> None:
     cls = mod.Worker
     orig = cls.execute_model
@@ -125,6 +177,12 @@ PLANS = {
     "shm-setup": {"vllm.distributed.device_communicators.cpu_communicator": _patch_shm},
     "memory-profiling": {"vllm.v1.worker.cpu_worker": _patch_memory},
     "first-request-ar": {"vllm.distributed.communication_op": _patch_comm_op,
+                         "vllm.v1.worker.gpu_worker": _patch_execute},
+    "in-shm-allreduce": {"vllm.distributed.device_communicators.cpu_communicator": _patch_shm_allreduce,
+                         "vllm.v1.worker.gpu_worker": _patch_execute},
+    "sleep-in-allreduce": {"vllm.distributed.device_communicators.cpu_communicator": _patch_shm_allreduce_sleep,
+                           "vllm.v1.worker.gpu_worker": _patch_execute},
+    "in-shm-allgather": {"vllm.distributed.device_communicators.cpu_communicator": _patch_shm_allgather,
                          "vllm.v1.worker.gpu_worker": _patch_execute},
     "kill-loading": {"vllm.v1.worker.cpu_model_runner": _patch_get_model},
 }

@@ -75,6 +75,23 @@ def _fault(name: str) -> Callable[[Path], Run]:
     return run
 
 
+def _request_fault(name: str) -> Callable[[Path], Run]:
+    def run(base: Path) -> Run:
+        r = start(name, base, fault=name)
+        try:
+            if r.wait_ready(240):
+                r.complete_async()
+                _fault_line(r, 60)
+            r.wait_exit(HANG_DEADLINE)
+        finally:
+            r.reap()
+        return r
+
+    run.__doc__ = (f"fault {name} planted in rank 1 (tests/vllm_real/faults.py) below the hooked collective, armed "
+                   f"by the first request; --on-hang kill ends it")
+    return run
+
+
 def stop_after_load(base: Path) -> Run:
     """SIGSTOP of VLLM::Worker_TP1 as soon as the weights are loaded (the rest of start-up waits for it)."""
     r = start("stop-after-load", base)
@@ -123,8 +140,15 @@ SCENARIOS: dict[str, Callable[[Path], Run]] = {   # the longest first: two at a 
     "untraced": untraced,
     "own-error": own_error,
 }
-#: run only when asked (RANKTRACE_VLLM_ALL=1, or by name): another SIGSTOP, at another moment
-EXTRA: dict[str, Callable[[Path], Run]] = {"stop-after-load": stop_after_load}
+#: run only when asked (RANKTRACE_VLLM_ALL=1, or by name): another SIGSTOP, at another moment; hangs planted inside
+#: vLLM's own all-reduce / all-gather, below the hooked GroupCoordinator call (tests/test_vllm_captured.py re-reads
+#: captured runs of them in CI)
+EXTRA: dict[str, Callable[[Path], Run]] = {
+    "stop-after-load": stop_after_load,
+    "in-shm-allreduce": _request_fault("in-shm-allreduce"),
+    "sleep-in-allreduce": _request_fault("sleep-in-allreduce"),
+    "in-shm-allgather": _request_fault("in-shm-allgather"),
+}
 
 
 def run_all(base: Path, names: list[str] | None = None, workers: int = 2) -> dict[str, Run | BaseException]:

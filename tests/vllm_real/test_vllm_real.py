@@ -179,3 +179,32 @@ def test_vllm_refusing_its_own_arguments_is_a_crash_never_a_hang(runs):
 def test_vllm_refusing_its_own_arguments_is_headlined_by_its_error(runs):
     v = scenario(runs, "own-error").verdict
     assert v is not None and "divisible" in v["summary"], v and v["summary"]
+
+
+# --- hangs planted inside vLLM's own all-reduce / all-gather, below the hooked GroupCoordinator call ---------------
+# (opt-in for CI time; tests/test_vllm_captured.py re-reads captured runs of two of them in every CI run)
+_ALL = pytest.mark.skipif(os.environ.get("RANKTRACE_VLLM_ALL") != "1", reason="RANKTRACE_VLLM_ALL=1 runs it (CI time)")
+_BELOW = [("in-shm-allreduce", "all_reduce"), ("sleep-in-allreduce", "all_reduce"), ("in-shm-allgather", "all_gather")]
+
+
+@_ALL
+@pytest.mark.parametrize("name, op", _BELOW)
+def test_a_rank_parked_inside_vllms_own_collective_is_reported_live_as_blocked_there(runs, name, op):
+    """Both ranks entered the hooked call; rank 1 waits in its own code beneath CpuCommunicator (never reaching the
+    C op), rank 0 spins in torch.ops._C.shm_* for it: a live hang on that op, rank 1 blocked, rank 0 waiting in it."""
+    r = scenario(runs, name)
+    after, v = live_hang(r)
+    assert after <= HANG_AFTER + LIVE_SLACK, f"{r.name}: live verdict {after:.1f} s after the fault"
+    assert v["status"] == "hang", v["summary"]
+    assert (v["operation"] or {}).get("name") == op, v["operation"]
+    assert (v["ranks"]["1"]["state"], v["ranks"]["1"]["phase"]) == ("blocked_other", "serving"), v["ranks"]["1"]
+    assert v["ranks"]["0"]["state"] == "in_collective", v["ranks"]["0"]
+    assert r.rc == 3
+
+
+@_ALL
+@pytest.mark.xfail(reason="analyzers/diagnose/waiting_rule.stuck names no culprit when every member is inside the "
+                   "hooked call, whatever the host states say (the lead's file)")
+@pytest.mark.parametrize("name, op", _BELOW)
+def test_a_rank_parked_inside_vllms_own_collective_is_the_culprit(runs, name, op):
+    assert_live(scenario(runs, name), 1, "blocked_other")
