@@ -60,9 +60,11 @@ def test_a_rank_parked_beneath_vllms_own_all_reduce_is_blocked_not_waiting_in_it
     assert (v.ranks[0].state, v.ranks[0].phase) == ("in_collective", "serving"), (v.ranks[0].state, v.ranks[0].where)
 
 
-@pytest.mark.xfail(strict=True, reason="analyzers/diagnose/waiting_rule.stuck: every member inside the hooked call "
-                   "and none returned gives no culprit, whatever the host states say (the lead's file)")
-@pytest.mark.parametrize("run", ["vllm_cpu_in_shm_allreduce", "vllm_cpu_sleep_in_allreduce"])
-def test_a_rank_parked_beneath_vllms_own_all_reduce_is_the_culprit(run):
+@pytest.mark.parametrize("run, where", [("vllm_cpu_in_shm_allreduce", "Condition.wait"),
+                                        ("vllm_cpu_sleep_in_allreduce", "_sleep_forever")])
+def test_a_rank_parked_beneath_vllms_own_all_reduce_is_the_culprit(run, where):
+    """The rank parked beneath the call is what the rank spinning in it waits for: it is named, with its wait."""
     v = api.analyze([RUNS / run], liveness=None).verdict
     assert list(v.culprit_ranks) == [1], (v.kind, v.summary)
+    assert list(v.waiting_ranks) == [0], v.waiting_ranks
+    assert "parked beneath it" in v.summary and where in v.summary, v.summary

@@ -8,6 +8,8 @@ from ranktrace.analyzers.model import waitfor
 from ranktrace.analyzers.diagnose.candidate import (Candidate, group_desc, op_evidence, operation_of, ranks_text, stack_evidence,
                                          where)
 from ranktrace.analyzers.model.build import Model
+from ranktrace.analyzers.model.hoststate import RankStack, without_tracer
+from ranktrace.analyzers.model.stacks import normalise_frame
 from ranktrace.analyzers.verdict import Evidence, Finding, WaitEdge
 
 __all__ = ["mismatch", "waiting", "stuck", "exit_marks"]
@@ -349,22 +351,41 @@ def _stalled_first(ctx: Model, stucks: list[waitfor.Stuck]) -> list[waitfor.Stuc
                 continue
             last_seq[r["chan"]] = max(last_seq.get(r["chan"], r["seq"]), r["seq"])
             if r["wall_enter"] is not None:
-                key = (r["chan"], r["seq"])
-                enter[key] = min(enter.get(key, r["wall_enter"]), r["wall_enter"])
+                at = (r["chan"], r["seq"])
+                enter[at] = min(enter.get(at, r["wall_enter"]), r["wall_enter"])
     queued: dict[str, int] = {}
     for o in ctx.observations("watchdog_pg_status"):
         m = _ENQUEUED.search(o["detail"] or "")
         if m and o["group"] is not None:
             queued[o["group"]] = max(queued.get(o["group"], 0), int(m.group(1)))
 
-    def key(s: waitfor.Stuck) -> tuple[int, int, int]:
+    def first_stall(s: waitfor.Stuck) -> tuple[int, int, int]:
         ref = s.ops[0]
         t = enter.get((s.chan, s.seq))
         behind = max(last_seq.get(s.chan, s.seq), queued.get(ref.group or "", s.seq)) - s.seq
         ran = max((int(m.group(1)) for o in s.ops if (m := _RAN_FOR.search(o.error or ""))), default=0)
         return (t if t is not None else 1 << 62, -behind, -ran)
 
-    return sorted(stucks, key=key)  # stable: ties keep the groups' order
+    return sorted(stucks, key=first_stall)  # stable: ties keep the groups' order
+
+
+def _parked_beneath(ctx: Model, s: waitfor.Stuck) -> tuple[int, ...]:
+    """Members of a stuck op whose current stack is their own wait beneath the call (blocked_other while inside
+    its frames: a threading/queue/sleep wait, never the transport), when another member waits in the op itself."""
+    if len(s.not_completed) < 2:
+        return ()
+    states = {r: ctx.host_states.get(r) for r in s.not_completed}
+    if not any(st == "in_collective" for st in states.values()):
+        return ()
+    return tuple(r for r, st in states.items() if st == "blocked_other" and r in ctx.stacks)
+
+
+def where_parked(stack: RankStack) -> str:
+    """The wait and the application frame that asked for it: 'Condition.wait <- _block (faults.py:45)'."""
+    frames = without_tracer(stack.frames)
+    app = where(stack)
+    inner = normalise_frame(frames[0]) if frames else (app or "an unknown frame")
+    return inner if app in (None, inner) else f"{inner} under {app}"
 
 
 def stuck(ctx: Model) -> list[Candidate]:
@@ -388,6 +409,19 @@ def stuck(ctx: Model) -> list[Candidate]:
             summary = (f"{ranks_text(s.not_completed)} issued {ref.name} (group {ref.group}, seq {s.seq}) like "
                        f"{ranks_text(s.completed)} but it never completed there")
             conf = 0.7
+        elif not any(o.returned for o in s.ops) and (parked := _parked_beneath(ctx, s)):
+            # some members entered the call but wait beneath it in their own code, never reaching the transport,
+            # while others wait in the transport: those parked are what the others wait for (a stack at hang
+            # time outranks the symmetric 'all inside' the records alone would say)
+            culprits = parked
+            inside = tuple(r for r in s.not_completed if ctx.host_states.get(r) == "in_collective")
+            one = len(parked) == 1
+            places = "; ".join(("" if one else f"rank {r} in ") + where_parked(ctx.stacks[r]) for r in parked)
+            summary = (f"{ranks_text(parked)} entered {ref.name} seq {s.seq} of {group} but "
+                       f"{'is' if one else 'are'} parked beneath it in {'its' if one else 'their'} own wait "
+                       f"({places}), never reaching the transport; {ranks_text(inside)} "
+                       f"wait{'s' if len(inside) == 1 else ''} inside it for {'it' if one else 'them'}")
+            conf = 0.75
         elif not any(o.returned for o in s.ops):
             culprits = ()
             who = (f"every member of {group} ({ranks_text(members)}) is" if stated else
@@ -419,7 +453,12 @@ def stuck(ctx: Model) -> list[Candidate]:
         ev.extend(Evidence(o["source"] or "nccl", o["file"], o["line"], f"NCCL WARN {o['detail']}", o["rank"])
                   for o in warns[:8])
         steps = []
-        if s.completed:
+        if culprits and not s.completed:
+            steps.append(f"{ranks_text(culprits)} wait{'s' if len(culprits) == 1 else ''} in code beneath "
+                         f"{ref.name} that is not the transport (a lock, an event, a queue, a sleep): read "
+                         f"{'its' if len(culprits) == 1 else 'their'} stack for what that wait expects and which "
+                         f"thread or process should have set it.")
+        elif s.completed:
             steps.append(f"{ranks_text(culprits)}'s GPU stream did not finish {ref.name} seq {s.seq}: look for work "
                          f"queued before it on that GPU (a kernel that never ends, a graph replay) and for Xid "
                          f"errors in dmesg / nvidia-smi.")
