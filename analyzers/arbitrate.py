@@ -50,7 +50,7 @@ STRENGTH: dict[str, int] = {
     "nsys": 4, "kineto": 3,
     "watchdog": 3, "torch_c10d": 3, "horovod": 3, "nccl_ras": 3,
     "nccl": 2,          # NCCL debug lines: issue only, never completion
-    "traceback": 2, "torch_elastic": 2, "server_log": 2, "progress": 2, "nccl_tests": 2,
+    "traceback": 2, "torch_elastic": 2, "mpi_launcher": 2, "server_log": 2, "progress": 2, "nccl_tests": 2,
     "proc": 2, "ps_top": 1, "gpu": 1, "env_versions": 0, "meta": 0, "input": 0,
 }
 _DEFAULT_STRENGTH = 2

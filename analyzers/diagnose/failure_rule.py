@@ -150,6 +150,9 @@ def rank_exit(ctx: Model) -> list[Candidate]:
     if not causes:
         return []
     root = [r for r in causes if _ROOT.search(r["detail"] or "")] or causes
+    # a statement that names its rank says more than one that does not ("a child failed" before the scheduler's own
+    # exception): it leads the sentence
+    root = sorted(root, key=lambda r: r["rank"] is None)
     culprits = tuple(sorted({r["rank"] for r in root if r["rank"] is not None}))
     assumed_local = False
     if not culprits:  # only a launcher's local rank is known: on one node (the usual paste) it is the rank
@@ -173,7 +176,7 @@ def rank_exit(ctx: Model) -> list[Candidate]:
                        and o["line"] == how["line"] and (o["detail"] or "").startswith("segfault inside")), None)
         if inside:
             cause += inside[len("segfault"):]  # " inside ncclCommInitRank": where in set-up it died
-    who = ranks_text(culprits) if culprits else "a rank"
+    who = ranks_text(culprits) if culprits else "a process of the job"  # which rank, no input says
     if assumed_local:
         who = ("local " + who) + " (the global rank, if this is one node)"
     summary = f"{who} {cause}" + (f" while {ranks_text(waiting)} waited in {op_name[0][0]}" if waiting and op_name

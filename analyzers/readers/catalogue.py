@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from ranktrace.analyzers.readers.env_versions import signatures as env_versions_sig
 from ranktrace.analyzers.readers.horovod import signatures as horovod_sig
 from ranktrace.analyzers.readers.lock_wait import signatures as lock_wait_sig
+from ranktrace.analyzers.readers.mpi_launcher import signatures as mpi_launcher_sig
 from ranktrace.analyzers.readers.nccl_tests import signatures as nccl_tests_sig
 from ranktrace.analyzers.readers.progress import signatures as progress_sig
 from ranktrace.analyzers.readers.server_log import statements as server_statements
@@ -98,6 +99,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("env_versions", "ranktrace.analyzers.readers.env_versions", _rx(*env_versions_sig.CATALOGUE)),
     Family("progress", "ranktrace.analyzers.readers.progress", _rx(*progress_sig.CATALOGUE)),
     Family("stop_signal", "ranktrace.analyzers.readers.stop_signal", _rx(*stop_signal_sig.CATALOGUE)),
+    Family("mpi_launcher", "ranktrace.analyzers.readers.mpi_launcher", _rx(*mpi_launcher_sig.CATALOGUE)),
     Family("lock_wait", "ranktrace.analyzers.readers.lock_wait", _rx(*lock_wait_sig.CATALOGUE), needs="ock "),
     Family("torch_c10d", "ranktrace.analyzers.readers.torch_c10d", re.compile(TORCH_C10D_SIGNATURE)),
     Family("torch_elastic", "ranktrace.analyzers.readers.torch_elastic", re.compile(TORCH_ELASTIC_SIGNATURE)),

@@ -49,6 +49,12 @@ STATEMENTS: tuple[Statement, ...] = (
     _s("sglang_subprocess_crashed", "rank_exit", "crashed with exit code",
        r"Subprocess (?P<what>[\w.-]{1,64})(?: \(pid=\d{1,10}\))? crashed with exit code (?P<code>-?\d{1,6}|None)",
        "SGLang srt/utils/watchdog.py SubprocessWatchdog (0.5.23 source)"),
+    # sglang/srt/managers/tokenizer_manager.py running_phase_sigquit_handler: logger.error(f"SIGQUIT received.
+    # {signum=}, {frame=}. It usually means one child failed.") then kill_process_tree: a scheduler / detokenizer
+    # that failed (its exception, its watchdog, SubprocessWatchdog) sent it; which one, the line does not say
+    _s("sglang_sigquit_child_failed", "rank_exit", "one child failed",
+       r"SIGQUIT received\..{0,200}?It usually means one child failed",
+       "SGLang srt/managers/tokenizer_manager.py (0.4 ... 0.5); sgl-project/sglang#32893"),
     # sglang/srt/managers/scheduler.py run_scheduler_process: logger.error(f"Scheduler hit an exception: {traceback}")
     # then parent_process.send_signal(SIGQUIT): that scheduler (the line's TP rank) ends
     _s("sglang_scheduler_exception", "rank_exit", "Scheduler hit an exception",
