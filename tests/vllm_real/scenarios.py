@@ -120,6 +120,22 @@ def stop_serving(base: Path) -> Run:
     return r
 
 
+def stopped_healthy(base: Path) -> Run:
+    """A healthy server stopped from outside: one completion answered, a moment idle, then SIGTERM to trace run
+    (what `timeout -s TERM`, `scancel` and a Kubernetes eviction send to the job's first process): trace run hands it
+    to the job, vLLM shuts down. A stop, never a hang or a crash, and no rank blamed."""
+    r = start("stopped-healthy", base)
+    try:
+        if r.wait_ready(240):
+            r.complete()
+            r.wait_for(lambda: False, 3)
+            r.healthy_until = r.now()
+        r.stop(signal.SIGTERM, 90)
+    finally:
+        r.reap()
+    return r
+
+
 def own_error(base: Path) -> Run:
     """vLLM refusing its own arguments at start-up (TP 3 does not divide 4 heads): CRASHED with vLLM's error."""
     r = start("own-error", base, extra_serve=("--tensor-parallel-size", "3"))
@@ -139,6 +155,7 @@ SCENARIOS: dict[str, Callable[[Path], Run]] = {   # the longest first: two at a 
     "shm-setup": _fault("shm-setup"),
     "untraced": untraced,
     "own-error": own_error,
+    "stopped-healthy": stopped_healthy,
 }
 #: run only when asked (RANKTRACE_VLLM_ALL=1, or by name): another SIGSTOP, at another moment; hangs planted inside
 #: vLLM's own all-reduce / all-gather, below the hooked GroupCoordinator call (tests/test_vllm_captured.py re-reads

@@ -116,6 +116,18 @@ def test_a_healthy_start_up_serves_stays_idle_and_keeps_its_ledger_in_start_up_o
         [f["summary"] for f in v["findings"]]
 
 
+def test_a_healthy_server_stopped_from_outside_is_a_stop_with_no_culprit(runs):
+    """SIGTERM to trace run after a healthy completion (a scheduler's stop): the verdict says the job was stopped,
+    blames no rank, and nothing live called it a hang while vLLM shut down."""
+    r = scenario(runs, "stopped-healthy")
+    assert r.answers, r.notes
+    v = r.verdict
+    assert v is not None, r.output[-3000:]
+    assert v["status"] in ("interrupted", "stopped"), (v["status"], v["kind"], v["summary"])
+    assert v["culprit_ranks"] == [], v["summary"]
+    assert not [t for t, lv in r.live if lv["status"] in ("hang", "crashed")], [lv["summary"] for _t, lv in r.live]
+
+
 def test_tracing_leaves_the_answer_as_it_is(runs):
     traced, plain = scenario(runs, "serving"), scenario(runs, "untraced")
     assert plain.answers and traced.answers, (plain.notes, traced.notes)
