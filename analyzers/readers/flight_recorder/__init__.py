@@ -10,7 +10,8 @@ from ranktrace.tracer.formats import schema
 from ranktrace.analyzers.readers.base import ColumnMap, ReadResult, Skipped, empty_file, read_file_bytes
 from ranktrace.analyzers.readers.common.ranks import rank_from_name
 from ranktrace.analyzers.readers.flight_recorder.load import load_dump
-from ranktrace.analyzers.readers.flight_recorder.records import Expander, FrEntry, parse_entry, pg_configs, text
+from ranktrace.analyzers.readers.flight_recorder.records import (EntryWindow, Expander, FrEntry, parse_entry,
+                                                                  pg_configs, text)
 from ranktrace.analyzers.readers.flight_recorder.rows import dump_row, entry_rows, group_rows, status_rows, world_size
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
 ]
 
 FORMAT = "flight_recorder"
+_MAX_ENTRY_LINES = 20   # entries that cannot be used said one by one; the rest counted in one line
 
 
 #: How FR fields become EVENTS columns (``since`` = first FR version seen with the field, formats.md §3).
@@ -101,6 +103,11 @@ def read(path: Path) -> ReadResult:
     * ``peer`` of p2p entries is mapped from group-local to global ranks only when the group's members are known.
     * Frames (pickle only) are the *enqueue* stacks of old ops, not where a thread is now, so they are not turned into
       STACKS rows (that would make a rank that moved on look stuck); ``callsite`` takes the first frame outside torch.
+    * Per process group (its p2p apart) the first ``records.HEAD`` (500) and last ``records.TAIL`` (5,000) entries
+      in record order are kept, the ones between only counted (one Skipped line says how many, per group); 16 past
+      the first 64 groups, only counts past 10,000. A kept entry's seq is FR's own, so it stays true. Chosen with one
+      cheap look per raw entry, before any parsing: a small pickle of a million references to one entry is bounded.
+      At most ``records.MAX_FRAMES`` frames of an entry are looked at, strings are cut (``text``).
     * A truncated JSON dump yields every complete entry before the cut; a truncated pickle yields the entries the
       pure-Python unpickler had finished when the data ran out. Both are reported in ``skipped``.
     """
@@ -120,24 +127,35 @@ def read(path: Path) -> ReadResult:
     if not isinstance(raw_entries, list):
         skipped.append(Skipped(f, None, "'entries' is not a list"))
         raw_entries = []
+    window = EntryWindow()   # #31: per group a bounded window of entries, chosen before any is parsed
+    window.add_all(raw_entries)
     entries: list[FrEntry] = []
     expand = Expander()
-    for i, r in enumerate(raw_entries):
+    unusable = 0
+    for i, r in window.kept():
         e = parse_entry(r, i, expand)
         if isinstance(e, str):
-            skipped.append(Skipped(f, i, e))
+            unusable += 1
+            if unusable <= _MAX_ENTRY_LINES:
+                skipped.append(Skipped(f, i, e))
         else:
             entries.append(e)
+    if unusable > _MAX_ENTRY_LINES:
+        skipped.append(Skipped(f, None, f"and {unusable - _MAX_ENTRY_LINES:,} more entries that cannot be used "
+                                        f"(one line each for the first {_MAX_ENTRY_LINES})"))
 
     if expand.note:
         skipped.append(Skipped(f, None, expand.note))
+    bound = window.note()
+    if bound:
+        skipped.append(Skipped(f, None, bound))
     configs = pg_configs(raw.get("pg_config"), entries)
     rank = rank_from_filename(path.name)
     world = world_size(configs)
 
     events = [*group_rows(configs, rank, world, f), *(entry_rows(entries, configs, rank, world, f))]
     observations = [*status_rows(raw.get("pg_status"), entries, rank, f, skipped),
-                    dump_row(raw, entries, encoding, rank, f)]
+                    dump_row(raw, entries, encoding, rank, f, window.total)]
     return ReadResult(
         file=f,
         format=FORMAT,

@@ -3,11 +3,26 @@ their quirks across versions and backends are known (tolerant coercion, gloo's u
 from __future__ import annotations
 
 import ast
+import itertools
 import math
-from dataclasses import dataclass
-from typing import Any
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Hashable
 
-__all__ = ["PgConfig", "FrEntry", "Expander", "to_int", "text", "parse_entry", "pg_configs"]
+from ranktrace.tracer.formats.opnames import P2P_OPS, canonical_op
+
+__all__ = ["PgConfig", "FrEntry", "Expander", "EntryWindow", "to_int", "text", "parse_entry", "pg_configs",
+           "HEAD", "TAIL", "MAX_GROUPS", "SMALL_TAIL", "MAX_KEYS", "MAX_LOOKED", "MAX_FRAMES"]
+
+# #31: what one dump may cost. A 400 KB pickle of 200k references to one entry took 7.5 s and 780 MB (2M: ~80 s),
+# every entry parsed and turned into rows; a dump's entries are now windowed per process group before any parsing.
+HEAD = 500            # first entries of a group (record order) kept
+TAIL = 5000           # last entries of a group kept (torch's ring holds 2,000 by default: a real dump fits whole)
+MAX_GROUPS = 64       # groups (and their p2p) given that window; the others keep their last SMALL_TAIL
+SMALL_TAIL = 16
+MAX_KEYS = 10_000     # past this many groups, the entries of a new group are only counted
+MAX_LOOKED = 2_000_000  # entries of one dump looked at at all: the first and last million
+MAX_FRAMES = 256      # frames of one entry looked at (the call site is the first outside torch)
 
 
 # --------------------------------------------------------------------------------------------- typed records
@@ -64,6 +79,114 @@ def to_int(v: Any) -> int | None:
     return None
 
 
+@dataclass
+class _Kept:
+    head: list[tuple[int, Any]] = field(default_factory=list)
+    tail: deque[tuple[int, Any]] = field(default_factory=deque)
+    count: int = 0
+    head_cap: int = HEAD
+
+    @property
+    def middle(self) -> int:
+        return self.count - len(self.head) - len(self.tail)
+
+
+class EntryWindow:
+    """The raw entries of one dump, per process group (collectives and p2p apart) its first HEAD and last TAIL in
+    record order, the rest only counted: one cheap look per entry (its group, whether it is p2p), no parsing. FR
+    writes each entry's own seq, so a kept entry's seq stays true whatever was left out."""
+
+    def __init__(self) -> None:
+        self.groups: dict[Hashable, _Kept] = {}
+        self.total = 0
+        self.uncounted_keys = 0          # entries of groups past MAX_KEYS: counted here only
+        self.unlooked = (0, 0)           # (first index, count) of the entries past MAX_LOOKED: not looked at
+
+    @staticmethod
+    def key(raw: Any) -> Hashable:
+        if not isinstance(raw, dict):
+            return None
+        pg = raw.get("process_group")
+        g = text(pg[0]) if isinstance(pg, (list, tuple)) and pg else None
+        name = raw.get("profiling_name")
+        p2p = raw.get("is_p2p") is True or (isinstance(name, str) and canonical_op(name[:500]) in P2P_OPS)
+        return (g, p2p)
+
+    def _group(self, raw: Any) -> _Kept | None:
+        key = self.key(raw)
+        k = self.groups.get(key)
+        if k is None and len(self.groups) < MAX_KEYS:
+            small = len(self.groups) >= MAX_GROUPS
+            k = self.groups[key] = _Kept(head_cap=0 if small else HEAD,
+                                         tail=deque(maxlen=SMALL_TAIL if small else TAIL))
+        return k
+
+    def add_all(self, raw_entries: list[Any]) -> None:
+        """Window every raw entry. One object referenced by many entries (a pickle's memo: 2 bytes an entry) is
+        looked at once: its group is remembered by identity (for the first 4,096 objects)."""
+        by_id: dict[int, _Kept | None] = {}
+        n = self.total = len(raw_entries)
+        half = MAX_LOOKED // 2
+        looked: Any = enumerate(raw_entries)
+        if n > MAX_LOOKED:
+            self.unlooked = (half, n - 2 * half)
+            looked = itertools.chain(enumerate(raw_entries[:half]), enumerate(raw_entries[n - half:], n - half))
+        for index, raw in looked:
+            i = id(raw)
+            if i in by_id:
+                k = by_id[i]
+            else:
+                k = self._group(raw)
+                if len(by_id) < 4096:
+                    by_id[i] = k
+            if k is None:
+                self.uncounted_keys += 1
+                continue
+            k.count += 1
+            if len(k.head) < k.head_cap:
+                k.head.append((index, raw))
+            else:
+                k.tail.append((index, raw))
+
+    @property
+    def summarised(self) -> int:
+        return sum(k.middle for k in self.groups.values()) + self.uncounted_keys
+
+    def kept(self) -> list[tuple[int, Any]]:
+        """(index in the dump, raw entry) of every kept entry, in record order."""
+        out = [item for k in self.groups.values() for item in (*k.head, *k.tail)]
+        out.sort(key=lambda t: t[0])
+        return out
+
+    def note(self) -> str | None:
+        """The one line saying which entries were only counted (None when none was)."""
+        if not self.summarised and not self.unlooked[1]:
+            return None
+        middles = sorted(((k, v.middle) for k, v in self.groups.items() if v.middle), key=lambda kv: -kv[1])
+        groups = ", ".join(f"{_key_text(k)}: {n:,}" for k, n in middles[:3])
+        more = f" and {len(middles) - 3} more" if len(middles) > 3 else ""
+        counted = self.summarised - self.uncounted_keys
+        out = (f"{self.total:,} Flight Recorder entries: the first {HEAD:,} and last {TAIL:,} of each process group "
+               f"are kept, {counted:,} in between only counted" + (f" ({groups}{more})" if groups else ""))
+        if self.uncounted_keys:
+            out += f"; {self.uncounted_keys:,} entries of groups past the first {MAX_KEYS:,} only counted"
+        first, unlooked = self.unlooked
+        if unlooked:
+            out += (f"; entries {first:,}-{first + unlooked - 1:,} ({unlooked:,}) are not looked at, the first and "
+                    f"last {MAX_LOOKED // 2:,} are")
+        return (out + f"; the seq of a kept entry is FR's own and stays true (the bound: {HEAD + TAIL:,} entries per "
+                      f"group per dump, {SMALL_TAIL} past the first {MAX_GROUPS} groups"
+                      + (f", {MAX_LOOKED:,} entries looked at" if unlooked else "") + ")")
+
+
+def _key_text(key: Hashable) -> str:
+    """``group 0``, ``group 1 p2p``, ``entries that are no dict``: a window key as the note says it."""
+    if not isinstance(key, tuple):
+        return "entries that are no dict"
+    group, p2p = key
+    return (f"group {group}" if group is not None else "no group") + (" p2p" if p2p else "")
+
+
 class Expander:
     """Turns one dump's raw values into typed ones, each shared object once (by identity), within a budget.
 
@@ -109,7 +232,10 @@ class Expander:
                            self._take(len(d)) else None)
 
     def _frames(self, v: Any) -> tuple[tuple[str, str, int], ...]:
-        if not isinstance(v, (list, tuple)) or not self._take(len(v)):
+        if not isinstance(v, (list, tuple)):
+            return ()
+        v = v[:MAX_FRAMES]   # cut before any per-frame work: the call site is near the top
+        if not self._take(len(v)):
             return ()
         return tuple(self.cached("frame", fr, _frame) for fr in v if isinstance(fr, dict))
 
@@ -190,18 +316,19 @@ def parse_entry(raw: Any, index: int, expand: Expander | None = None) -> FrEntry
         desc = text(pg[1]) if len(pg) > 1 and pg[1] is not None else None
     dtypes = raw.get("input_dtypes")
     duration = raw.get("duration_ms")
+    state = raw.get("state")
     return FrEntry(
         index=index,
         record_id=to_int(raw.get("record_id")),
         pg_id=to_int(raw.get("pg_id")),
         group=group,
         group_desc=desc,
-        profiling_name=name,
+        profiling_name=name[:500],
         collective_seq_id=to_int(raw.get("collective_seq_id")),
         p2p_seq_id=to_int(raw.get("p2p_seq_id")),
         op_id=to_int(raw.get("op_id")),
         is_p2p=raw.get("is_p2p") if isinstance(raw.get("is_p2p"), bool) else None,
-        state=raw.get("state") if isinstance(raw.get("state"), str) else None,
+        state=state[:40] if isinstance(state, str) else None,
         time_created_ns=_time(raw.get("time_created_ns")),
         time_started_ns=_time(raw.get("time_discovered_started_ns")),
         time_completed_ns=_time(raw.get("time_discovered_completed_ns")),

@@ -177,19 +177,21 @@ def status_rows(raw: Any, entries: list[FrEntry], rank: int | None, f: str,
         group, desc = names.get(pg_id, (text(key), None)) if pg_id is not None else (text(key), None)
         rows.append({
             "rank": rank, "kind": "fr_pg_status", "name": desc, "group": group, "value": com,
-            "detail": f"enqueued={enq} started={sta} completed={com} pg_id={key}",
+            "detail": f"enqueued={enq} started={sta} completed={com} pg_id={text(key, 200)}",
             "source": "fr", "file": f, "line": None,
         })
     return rows
 
 
 def dump_row(raw: dict[str, Any], entries: list[FrEntry], encoding: str, rank: int | None,
-              f: str) -> dict[str, Any]:
+              f: str, total: int | None = None) -> dict[str, Any]:
     rec = [e.record_id for e in entries if e.record_id is not None]
     lib = raw.get("comm_lib_version", raw.get("nccl_version"))
+    lib_text = repr(lib[:200]) if isinstance(lib, str) else text(lib, 200)  # a shared container: never expanded
+    counted = f" entries_in_dump={total}" if total is not None and total != len(entries) else ""
     return {
         "rank": rank, "kind": "fr_dump", "name": text(raw.get("version"), 40), "value": len(entries),
-        "detail": (f"encoding={encoding} entries={len(entries)} first_record_id={min(rec) if rec else None} "
-                   f"last_record_id={max(rec) if rec else None} comm_lib_version={lib!r}"),
+        "detail": (f"encoding={encoding} entries={len(entries)}{counted} first_record_id={min(rec) if rec else None} "
+                   f"last_record_id={max(rec) if rec else None} comm_lib_version={lib_text}"),
         "source": "fr", "file": f, "line": None,
     }

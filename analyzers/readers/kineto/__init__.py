@@ -4,6 +4,7 @@ Stages: :mod:`.stream` (streaming JSON) -> :mod:`.collect` (keep what matters) -
 (a bounded number of ops per group: collect.Window) -> :mod:`.tables` (rows, seq, time)."""
 from __future__ import annotations
 
+import os
 import zlib
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 from ranktrace.analyzers.readers.base import ColumnMap, ReaderError, ReadResult
 from ranktrace.analyzers.readers.kineto.collect import Collector
 from ranktrace.analyzers.readers.kineto.ops import DTYPES
-from ranktrace.analyzers.readers.kineto.stream import Gunzip, JsonStream, NotJson, Truncated
+from ranktrace.analyzers.readers.kineto.stream import Capped, Gunzip, JsonStream, NotJson, Truncated
 from ranktrace.analyzers.readers.kineto.tables import ABSOLUTE_EPOCH_US, build_result
 
 __all__ = [
@@ -110,6 +111,8 @@ def read(path: Path) -> ReadResult:
     folded into ops as they come, and each group keeps its first ``collect.HEAD`` and last ``collect.TAIL`` ops, the
     ones between only counted (one Skipped line says how many, per group; the seq of a kept op counts them all). So
     memory is bounded in the number of collectives and grows by ~40 bytes per launch and kernel.
+    A plain (not gzip) trace is read up to ``MAX_PLAIN_BYTES`` (1 GiB), a gzip one up to 64x its size (256 MiB to
+    4 GiB decompressed); past that one Skipped line names the bound and the events before it are used.
 
     Bad input: unreadable file, not JSON, or JSON that is not a trace (no ``traceEvents``) → :class:`ReaderError`.
     A truncated file (crashed profiler, ``.tmp`` leftovers, cut gzip) yields what was read before the cut plus a
@@ -133,6 +136,8 @@ def read(path: Path) -> ReadResult:
         raw: Any = path.open("rb")
         if magic == _GZIP_MAGIC:
             raw = Gunzip(raw, _gunzip_cap(path))
+        else:
+            raw = Capped(raw, MAX_PLAIN_BYTES, os.fstat(raw.fileno()).st_size)
     except OSError as e:
         raise ReaderError(path, f"cannot open: {e}") from e
     with raw:
@@ -145,17 +150,27 @@ def read(path: Path) -> ReadResult:
                 raise ReaderError(path, f"not a Kineto trace: {e}") from e
             collector.skip(None, f"stopped at byte {e.offset}: {e} (rest of the file not read)")
         except Truncated as e:
+            capped = isinstance(raw, Capped) and raw.capped
             if collector.events_seen == 0 and not collector.meta:
-                raise ReaderError(path, f"not a Kineto trace: file ends before any trace content ({e})") from e
-            collector.skip(None, f"truncated trace: file ends inside the JSON after {collector.events_seen} events "
-                                 f"({e}); the events before the cut are used")
+                raise ReaderError(path, f"not a Kineto trace: file ends before any trace content ({e})" if not capped
+                                  else f"no trace content in its first {_size(raw.cap)} (the bound for a plain "
+                                       "trace): not read further") from e
+            if not capped:  # a file cut at the byte bound is said by _stream_notes
+                collector.skip(None, f"truncated trace: file ends inside the JSON after {collector.events_seen} "
+                                     f"events ({e}); the events before the cut are used")
         _stream_notes(raw, stream, collector)
     if not collector.saw_trace_events:
+        if isinstance(raw, Capped) and raw.capped:
+            raise ReaderError(path, f"no 'traceEvents' in its first {_size(raw.cap)} (the bound for a plain trace): "
+                                    "not read further")
         raise ReaderError(path, "JSON without 'traceEvents': not a Kineto / torch.profiler trace")
     return build_result(collector, FORMAT)
 
 
 _MAX_GUNZIP = 4 << 30
+#: The bytes of a plain (not gzip) trace read, as of a text input from disk: decoding and folding cost ~90 s a GiB,
+#: so past this the rest is not read (its first events are still used: metadata and process groups come first).
+MAX_PLAIN_BYTES = 1 << 30
 
 
 def _gunzip_cap(path: Path) -> int:
@@ -171,6 +186,9 @@ def _gunzip_cap(path: Path) -> int:
 def _stream_notes(raw: Any, stream: JsonStream, collector: Collector) -> None:
     if stream.nuls:
         collector.skip(None, f"{stream.nuls} NUL byte(s) dropped (a hole left by a crash or a copy)")
+    if isinstance(raw, Capped) and raw.capped:
+        collector.skip(None, f"read up to {_size(raw.cap)} of its {_size(raw.size)} (the bound for a plain trace, "
+                             f"{collector.events_seen:,} events read): the rest is not read")
     if isinstance(raw, Gunzip):
         if raw.cut:
             collector.skip(None, "gzip stream cut short: everything before the cut is used")
@@ -179,6 +197,10 @@ def _stream_notes(raw: Any, stream: JsonStream, collector: Collector) -> None:
                                  "far larger than its file): the rest is not read")
         if raw.damaged:
             collector.skip(None, f"gzip data damaged ({raw.damaged}): everything before it is used")
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20:,} MiB" if n >= 1 << 20 else f"{n:,} bytes"
 
 
 def _head_text(head: bytes) -> str:

@@ -12,7 +12,7 @@ from typing import IO, Any, Iterator
 _CHUNK = 1 << 20
 _MAX_VALUE_CHARS = 64 << 20       # one JSON value larger than this is treated as corrupt, not as "read more"
 
-__all__ = ["Truncated", "NotJson", "JsonStream", "Gunzip"]
+__all__ = ["Truncated", "NotJson", "JsonStream", "Gunzip", "Capped"]
 
 _WS = re.compile(r"[ \t\r\n]*")
 
@@ -65,6 +65,33 @@ class Gunzip:
         self.raw.close()
 
     def __enter__(self) -> "Gunzip":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Capped:
+    """A plain file as a file to ``read(n)`` from, no more than ``cap`` bytes of it (``capped``: the file is larger,
+    the rest is not read). #31: a plain trace had no byte bound, its time grew with its size."""
+
+    def __init__(self, raw: IO[bytes], cap: int, size: int) -> None:
+        self.raw, self.cap, self.size = raw, cap, size
+        self.out = 0
+        self.capped = size > cap
+
+    def read(self, n: int) -> bytes:
+        if self.out >= self.cap:
+            self.capped = self.capped or bool(self.raw.read(1))   # a pipe or a file that grew: more is there
+            return b""
+        data = self.raw.read(min(n, self.cap - self.out))
+        self.out += len(data)
+        return data
+
+    def close(self) -> None:
+        self.raw.close()
+
+    def __enter__(self) -> "Capped":
         return self
 
     def __exit__(self, *exc: object) -> None:
