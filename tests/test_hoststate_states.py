@@ -108,3 +108,18 @@ def test_the_latest_timed_sample_s_stop_carries_onto_the_burst_file_of_the_same_
     rows.append(row(file="samples/stacks.arrow", line=3, wall_ns=3_000, thread_state="active", snapshot="s3"))
     got = hoststate.latest_stacks(schema.table_from_rows(schema.STACKS, rows))
     assert got[1].thread_state == "idle"
+
+
+def test_a_rank_polling_a_framework_communicators_queue_beneath_a_collective_waits_in_it() -> None:
+    """vLLM's shm_broadcast MessageQueue waits with select / sleep inside the broadcast: that is its transport, the
+    rank waits in communication (never 'parked in its own code'); a threading wait in the test's own code beneath
+    CpuCommunicator.all_reduce is parked (tests/data/runs/vllm_cpu_in_shm_allreduce)."""
+    from ranktrace.analyzers.model.hoststate import classify
+
+    queue = ("select (selectors.py:415)",
+             "MessageQueue.dequeue (vllm/distributed/device_communicators/shm_broadcast.py:600)",
+             "broadcast_tensor_dict (vllm/distributed/parallel_state.py:700)")
+    assert classify(queue, "idle") == "in_collective"
+    parked = ("Condition.wait (threading.py:327)", "Event.wait (threading.py:629)", "_block (faults.py:45)",
+              "CpuCommunicator.all_reduce (vllm/distributed/device_communicators/cpu_communicator.py:85)")
+    assert classify(parked, "idle") == "blocked_other"

@@ -132,8 +132,9 @@ def _waits_for_work(top: tuple[str, ...]) -> bool:
 #: a Python-level wait a thread parks in: a lock / condition / event (threading.py), a queue, a selector, a sleep
 _PY_WAIT = re.compile(r"\((?:threading|queue|selectors)\.py:|^(?:\w+\.)*sleep \(")
 #: beneath a collective frame, the communicator's own way down to its transport: torch's op dispatch
-#: (torch.ops._C.shm_allreduce), a native frame of a library (the transport's C code)
-_TRANSPORT = re.compile(r"[(/]torch/_ops\.py:|" + _NATIVE_LIB.pattern)
+#: (torch.ops._C.shm_allreduce), a native frame of a library (the transport's C code), or a framework communicator's
+#: own Python (vLLM's device_communicators/: shm_broadcast's MessageQueue polls with select / sleep while it waits)
+_TRANSPORT = re.compile(r"[(/]torch/_ops\.py:|[(/]device_communicators/|" + _NATIVE_LIB.pattern)
 
 
 def _parked_under_collective(top: tuple[str, ...], thread_state: str | None) -> bool:
