@@ -8,12 +8,18 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
 from tests.vllm_real.harness import Run, start
+
+#: held by the serving scenario from arming its fault until the hang is reported: no other scenario starts a vLLM
+#: server meanwhile (two cores here; a second server's start-up is a minute of both cores), so what
+#: test_rank_0_spinning_in_shm_allreduce_waits_for_rank_1 times is the watchdog, not a neighbour's imports
+FAULT_WINDOW = threading.Lock()
 
 HANG_AFTER = 10
 #: a hung scenario ends when --on-hang kill ends it; past this the harness kills it itself (a wrong verdict)
@@ -40,9 +46,12 @@ def serving(base: Path) -> Run:
             r.wait_for(lambda: False, HANG_AFTER + 12)
             r.notes.append(f"alive after idle: {r.alive()}")
             r.healthy_until = r.now()
-            arm.touch()
-            r.complete_async()
-            _fault_line(r, 60)
+            with FAULT_WINDOW:
+                arm.touch()
+                r.complete_async()
+                _fault_line(r, 60)
+                r.wait_for(lambda: any(v["status"] in ("hang", "crashed") for _t, v in r.live) or not r.job_alive(),
+                           HANG_AFTER + 40)
         r.wait_exit(HANG_DEADLINE)
     finally:
         r.reap()
@@ -174,6 +183,8 @@ def run_all(base: Path, names: list[str] | None = None, workers: int = 2) -> dic
     names = names or list(SCENARIOS) + (list(EXTRA) if os.environ.get("RANKTRACE_VLLM_ALL") == "1" else [])
 
     def one(name: str) -> tuple[str, Run | BaseException]:
+        with FAULT_WINDOW:  # wait while the serving scenario times its live report
+            pass
         try:
             return name, every[name](base)
         except Exception as e:  # raised in the test that reads this scenario, not in all of them
