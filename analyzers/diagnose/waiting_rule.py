@@ -369,18 +369,17 @@ def _stalled_first(ctx: Model, stucks: list[waitfor.Stuck]) -> list[waitfor.Stuc
     return sorted(stucks, key=first_stall)  # stable: ties keep the groups' order
 
 
-def _parked_beneath(ctx: Model, s: waitfor.Stuck) -> tuple[int, ...]:
-    """Members of a stuck op whose current stack is their own wait beneath the call (blocked_other while inside
-    its frames: a threading/queue/sleep wait, never the transport), when another member waits in the op itself."""
-    if len(s.not_completed) < 2:
-        return ()
-    states = {r: ctx.host_states.get(r) for r in s.not_completed}
-    if not any(st == "in_collective" for st in states.values()):
-        return ()
-    return tuple(r for r, st in states.items() if st == "blocked_other" and r in ctx.stacks)
+def _parked_beneath(ctx: Model, s: waitfor.Stuck) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(parked, inside): members of a stuck op whose current stack is their own wait beneath the call (blocked_other
+    while inside its frames: a threading/queue/sleep wait, never the transport), and the members waiting in the op
+    itself; parked is empty unless some member is inside."""
+    inside = tuple(r for r in s.not_completed if ctx.host_states.get(r) == "in_collective")
+    if len(s.not_completed) < 2 or not inside:
+        return (), inside
+    return tuple(r for r in s.not_completed if ctx.host_states.get(r) == "blocked_other" and r in ctx.stacks), inside
 
 
-def where_parked(stack: RankStack) -> str:
+def _where_parked(stack: RankStack) -> str:
     """The wait and the application frame that asked for it: 'Condition.wait <- _block (faults.py:45)'."""
     frames = without_tracer(stack.frames)
     app = where(stack)
@@ -409,14 +408,14 @@ def stuck(ctx: Model) -> list[Candidate]:
             summary = (f"{ranks_text(s.not_completed)} issued {ref.name} (group {ref.group}, seq {s.seq}) like "
                        f"{ranks_text(s.completed)} but it never completed there")
             conf = 0.7
-        elif not any(o.returned for o in s.ops) and (parked := _parked_beneath(ctx, s)):
+        elif not any(o.returned for o in s.ops) and (parked_inside := _parked_beneath(ctx, s))[0]:
             # some members entered the call but wait beneath it in their own code, never reaching the transport,
             # while others wait in the transport: those parked are what the others wait for (a stack at hang
             # time outranks the symmetric 'all inside' the records alone would say)
+            parked, inside = parked_inside
             culprits = parked
-            inside = tuple(r for r in s.not_completed if ctx.host_states.get(r) == "in_collective")
             one = len(parked) == 1
-            places = "; ".join(("" if one else f"rank {r} in ") + where_parked(ctx.stacks[r]) for r in parked)
+            places = "; ".join(("" if one else f"rank {r} in ") + _where_parked(ctx.stacks[r]) for r in parked)
             summary = (f"{ranks_text(parked)} entered {ref.name} seq {s.seq} of {group} but "
                        f"{'is' if one else 'are'} parked beneath it in {'its' if one else 'their'} own wait "
                        f"({places}), never reaching the transport; {ranks_text(inside)} "
