@@ -93,18 +93,25 @@ with open(os.environ["SITE_MARK"], "a") as f:
 # the job: a second in, it lists the processes of this run (children of trace run, or in the job's process group)
 # whose command line is one of ranktrace's helpers
 JOB_SEES_HELPERS = """import os, time
-time.sleep(1.5)
-seen = []
-for d in os.listdir("/proc"):
-    if d.isdigit():
-        try:
-            cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\\0", b" ").decode(errors="replace")
-            fields = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        ours = int(fields[1]) == os.getppid() or int(fields[2]) == os.getpgrp()
-        if ours and ("guardian" in cmd or "gpu_sampler" in cmd):
-            seen.append(f"{d} {' '.join(cmd.split())}")
+def helpers():
+    seen = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\\0", b" ").decode(errors="replace")
+                fields = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            ours = int(fields[1]) == os.getppid() or int(fields[2]) == os.getpgrp()
+            if ours and ("guardian" in cmd or "gpu_sampler" in cmd):
+                seen.append(f"{d} {' '.join(cmd.split())}")
+    return seen
+time.sleep(1.0)
+deadline = time.monotonic() + 15
+seen = helpers()
+while not any("guardian" in s for s in seen) and time.monotonic() < deadline:
+    time.sleep(0.2)
+    seen = helpers()
 open(os.environ["HELPERS"], "w").write("\\n".join(seen))
 print("job ran", flush=True)
 """
@@ -197,11 +204,30 @@ def test_round_three_secrets_reach_no_file_of_a_real_run(tmp_path: Path) -> None
 
 # --- a Slurm-named run folder ---------------------------------------------------------------------------------
 
-def test_a_slurm_named_run_folder_is_owner_only_at_umask_000(tmp_path: Path) -> None:
-    """Issue #31: run folders joined by a Slurm id were 0755, report.html and verdict.json 0644 (0666 at umask 000).
+@pytest.fixture()
+def open_place():
+    """A folder others may enter (pytest's own tmp folders are 0700: a second user could read nothing in them
+    whatever the modes inside)."""
+    import tempfile
+
+    place = Path(tempfile.mkdtemp(prefix="rt-audit-"))
+    os.chmod(place, 0o755)
+    yield place
+    shutil.rmtree(place, ignore_errors=True)
+
+
+def _readable_by(uid: int, files: list[str]) -> int:
+    read = 'n=0; for f in "$@"; do head -c1 "$f" >/dev/null 2>&1 && n=$((n+1)); done; echo $n'
+    got = subprocess.run(["sh", "-c", read, "sh", *files], capture_output=True, text=True, timeout=30,
+                         preexec_fn=lambda: (os.setgroups([]), os.setgid(uid), os.setuid(uid)))
+    assert got.returncode == 0, got.stderr
+    return int(got.stdout)
+
+
+def test_a_slurm_named_run_folder_is_owner_only_at_umask_000(open_place: Path) -> None:
+    """Issue #31: run folders joined by a Slurm id were 0755 (0777 at umask 000), report.html and verdict.json 0644.
     The folder is 0700 whatever is inside, the verdict files 0600, and a second user reads nothing of it."""
-    os.chmod(tmp_path, 0o755)  # the place the run folder is made in is open: the run folder itself must close
-    run = tmp_path / "r"
+    run = open_place / "r"
     got = subprocess.run(TRACE + ["run", "-o", str(run), "--", PY, "-c", "print('job ran')"], capture_output=True,
                          text=True, timeout=90, env=trace_env(SLURM_JOB_ID="4242", SLURM_STEP_ID="0"),
                          stdin=subprocess.DEVNULL, preexec_fn=lambda: os.umask(0))
@@ -217,12 +243,13 @@ def test_a_slurm_named_run_folder_is_owner_only_at_umask_000(tmp_path: Path) -> 
         nobody = pwd.getpwnam("nobody").pw_uid
     except KeyError:
         pytest.skip("no second local user (nobody) to read as")
+    control = open_place / "open.txt"
+    control.write_text("anyone\n")
+    os.chmod(control, 0o644)
+    assert _readable_by(nobody, [str(control)]) == 1  # the second user can read what is open to them here
     files = [str(p) for p in made if p.is_file()]
     assert len(files) >= 4
-    read = 'n=0; for f in "$@"; do head -c1 "$f" >/dev/null 2>&1 && n=$((n+1)); done; echo $n'
-    as_other = subprocess.run(["sh", "-c", read, "sh", *files], capture_output=True, text=True, timeout=30,
-                              preexec_fn=lambda: (os.setgroups([]), os.setgid(nobody), os.setuid(nobody)))
-    assert as_other.returncode == 0 and as_other.stdout.strip() == "0", (as_other.stdout, as_other.stderr)
+    assert _readable_by(nobody, files) == 0
 
 
 # --- python -E / -S ranks -------------------------------------------------------------------------------------
