@@ -31,7 +31,7 @@ def build(p: LogParser) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str
         elif h.what == "version":
             obs.append(dict(common, kind="version", name=h.name, detail=h.detail))
         elif h.what == "statement":
-            obs.append(dict(common, kind=h.category, name=h.name, value=h.value,
+            obs.append(dict(common, kind=h.category, name=h.name, value=h.value, host=h.host,
                             detail=_after_watchdog(p, h) + h.detail))
         elif h.what == "stall":
             obs.append(dict(common, kind="server_stall", name=h.name, value=h.value, detail=h.detail))
@@ -48,9 +48,16 @@ def build(p: LogParser) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str
     return events, obs, server_kind(p.hits), world_all
 
 def _after_watchdog(p: LogParser, h: Hit) -> str:
-    """SGLang's scheduler watchdog ends its process through the same SIGQUIT a failure sends: a child-failed line after
+    """A Ray worker whose own NCCL watchdog caught a timeout or error earlier in the file (its pid's lines) died of that
+    watchdog's abort: said in the detail, so the death is read as the timeout's consequence, not a cause of its own.
+
+    SGLang's scheduler watchdog ends its process through the same SIGQUIT a failure sends: a child-failed line after
     a watchdog timeout of the same file is that timeout's consequence (said in the detail, so no rule reads it as a
     cause of its own)."""
+    if "The actor is dead because" in h.detail or "A worker died or was killed" in h.detail:
+        at = p.watchdog_ended.get(h.pid) if h.pid is not None else None
+        return f"after its own NCCL watchdog caught a timeout or error (line {at}): " if at is not None and \
+            at < h.line else ""
     if h.name != "exit" or "sigquit" not in h.detail:
         return ""
     fired = [s for s in p.progress.values() if s.what == "stall" and s.name == "scheduler_watchdog" and s.line < h.line]

@@ -115,6 +115,12 @@ LOG_PREFIX = re.compile(
 
 
 
+#: a process's own NCCL watchdog found its work timed out or failed (then takes the whole process down)
+_WATCHDOG_ENDS = re.compile(r"Watchdog caught collective operation timeout|[Ww]atchdog thread terminated with exception")
+#: the "pid: N" / "ip: A" lines of a Ray ActorDiedError's block (tab-indented in the exception text)
+_RAY_BLOCK = re.compile(r"pid: (?P<pid>\d{1,10})\s*$|ip: \[?(?P<ip>[0-9A-Fa-f.:]{3,45})")
+
+
 class Hit(NamedTuple):
     """One useful line, before ranks are resolved (resolution needs the whole file)."""
 
@@ -129,6 +135,7 @@ class Hit(NamedTuple):
     pid: int | None
     wall_ns: int | None
     server: str = ""
+    host: str | None = None
 
 
 class LogParser:
@@ -145,6 +152,9 @@ class LogParser:
         self.tp_size: int | None = None
         self.pp_size: int | None = None
         self.skipped: list[Skipped] = []
+        self.ray_pid: tuple[int, int] | None = None   # (line, pid) of the last ActorDiedError "pid: N" line
+        self.ray_ip: tuple[int, str] | None = None
+        self.watchdog_ended: dict[int, int] = {}   # pid -> first line where its NCCL watchdog caught a timeout / error
 
     def line(self, number: int, raw: str) -> None:
         line = ANSI.sub("", raw).strip()
@@ -187,6 +197,15 @@ class LogParser:
         if r and vllm_rank is None and "TP" not in tags:
             vllm_rank = int(r.group(1))
         self._sizes(line)
+        if pid is not None and pid not in self.watchdog_ended and "atchdog" in message \
+                and _WATCHDOG_ENDS.search(message):
+            self.watchdog_ended[pid] = number
+        if message[:4] in ("pid:", "ip: ") and (b := _RAY_BLOCK.match(message)) is not None:
+            if b.group("pid"):
+                self.ray_pid = (number, int(b.group("pid")))
+            else:
+                self.ray_ip = (number, b.group("ip"))
+            return
         if self._statements(number, message, tags, vllm_rank, pid, wall):
             return
         # SGLang's scheduler watchdog stays a statement when quoted without its log prefix (a report's prose)
@@ -203,12 +222,22 @@ class LogParser:
             server = st.statement.name.split("_", 1)[0]
             server = server if server in ("vllm", "sglang") else "any"
             named: list[int | None] = [*st.ranks] or [None]
+            about_pid, about_host = st.pid, st.host
+            if about_pid is None and st.statement.name == "ray_actor_died":
+                about_pid, about_host = self._ray_actor_block(number)
             for r in named:
                 hit_tags = {k: v for k, v in tags.items() if k != "TP"} if r is not None else tags
                 self.hits.append(Hit(number, "statement", st.name, st.kind, st.value,
-                                     _detail(tags, st.detail), hit_tags, r if r is not None else vllm_rank, pid,
-                                     wall, server))
+                                     _detail(tags, st.detail), hit_tags, r if r is not None else vllm_rank,
+                                     about_pid if about_pid is not None else pid, wall, server, about_host))
         return found
+
+    def _ray_actor_block(self, number: int) -> tuple[int | None, str | None]:
+        """The pid and ip of the ActorDiedError block just above a Ray actor's death cause ("\tpid: 87687" and
+        "\tip: 10.0.0.1" lines, at most eight lines before it): the process that died."""
+        pid = self.ray_pid if self.ray_pid is not None and 0 < number - self.ray_pid[0] <= 8 else None
+        ip = self.ray_ip if self.ray_ip is not None and 0 < number - self.ray_ip[0] <= 8 else None
+        return (pid[1] if pid else None), (ip[1] if ip else None)
 
     def _sizes(self, line: str) -> None:
         if "tp_size=" in line or "tensor_parallel_size=" in line:

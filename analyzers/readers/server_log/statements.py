@@ -60,6 +60,25 @@ STATEMENTS: tuple[Statement, ...] = (
     _s("sglang_scheduler_exception", "rank_exit", "Scheduler hit an exception",
        r"Scheduler hit an exception",
        "SGLang srt/managers/scheduler.py run_scheduler_process (0.3 ... 0.5); sgl-project/sglang#12567"),
+    # Ray (RL frameworks OpenRLHF / verl, vLLM's Ray executor). GCS actor manager, the death cause an ActorDiedError
+    # prints after its "class_name: / actor_id: / pid: / name: / namespace: / ip:" block (Ray 2.x): "The actor is dead
+    # because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly
+    # exits with a connection error code 2. End of file. ..." -- no rank (an actor name such as WorkerDict_0:3 counts
+    # placement-group bundles, not ranks): the rank only from a prefix that states one
+    _s("ray_actor_died", "rank_exit", "because its worker process has died",
+       r"The actor is dead because its worker process has died\.?(?: Worker exit type: (?P<type>[A-Z_]{2,40}))?"
+       r"(?: Worker exit detail: (?P<what>.{0,300}))?",
+       "Ray src/ray/gcs/gcs_actor_manager (2.x); ray python/ray/exceptions.py ActorDiedError; OpenRLHF/OpenRLHF#265, "
+       "verl-project/verl#4921"),
+    # the raylet's worker_died error pushed to the driver (node_manager.cc, Ray 2.x; "RayTask ID" before "Lease ID"):
+    # "(raylet) A worker died or was killed while executing a task by an unexpected system error. To troubleshoot the
+    # problem, check the logs for the dead worker. RayTask ID: .. Worker ID: .. Node ID: .. Worker IP address: A
+    # Worker port: P Worker PID: N Worker exit type: T Worker exit detail: D"; Ray 1.x: "... while executing task <id>."
+    _s("ray_worker_died", "rank_exit", "A worker died or was killed while executing",
+       r"A worker died or was killed while executing (?:a task|task \w{1,80})"
+       r"(?:.{0,400}? Worker IP address: (?P<ip>[0-9A-Fa-f.:]{3,45}))?(?:.{0,80}? Worker PID: (?P<pid>\d{1,10}))?"
+       r"(?: Worker exit type: (?P<type>[A-Z_]{2,40}))?(?: Worker exit detail: (?P<what>.{0,300}))?",
+       "Ray src/ray/raylet/node_manager.cc (1.x - 2.x); OpenRLHF/OpenRLHF#265, vllm-project/vllm#13535"),
     # the CUDACHECK macro of vLLM csrc/custom_all_reduce.cuh (and sgl-kernel's copy): printf("Failed: Cuda error
     # %s:%d '%s'\n", ...) then exit(EXIT_FAILURE); older releases print "Failed: %s:%d '%s'" (vllm-project/vllm#5613)
     # sglang/srt/model_executor/cuda_graph_runner.py: raise Exception(f"Capture cuda graph failed: {e}...") around
@@ -78,7 +97,8 @@ CATALOGUE: tuple[str, ...] = tuple(r".{0,300}?" + re.sub(r"\(\?P<\w+>", "(?:", s
 
 
 class StatementHit(NamedTuple):
-    """One statement found in a line: the observation it becomes (rank None: the line's own tag decides)."""
+    """One statement found in a line: the observation it becomes (rank None: the line's own tag decides; pid / host:
+    the process the statement is about, when it names one that is not the line's writer)."""
 
     statement: Statement
     kind: str
@@ -86,6 +106,33 @@ class StatementHit(NamedTuple):
     value: int | None
     ranks: tuple[int, ...]
     detail: str
+    pid: int | None = None
+    host: str | None = None
+
+
+#: Ray's exit types that are no failure: the actor was ended on purpose (exit_actor(), ray.kill, its job finished)
+_RAY_INTENDED = frozenset({"INTENDED_USER_EXIT", "INTENDED_SYSTEM_EXIT"})
+_RAY_EXIT_CODE = re.compile(r"[Ee]xit code:? (-?\d{1,6})\b")
+_RAY_SIGNAL = re.compile(r"receives a (SIG[A-Z]{2,6})\b")
+_SIGNALS = {"SIGHUP": 1, "SIGINT": 2, "SIGQUIT": 3, "SIGABRT": 6, "SIGKILL": 9, "SIGSEGV": 11, "SIGTERM": 15}
+
+
+def _ray_exit(found: dict[str, str | None]) -> tuple[str, int | None]:
+    """(rank_exit name, value) of a Ray worker death from its exit type and detail: a clean exit on purpose (0), the
+    OOM monitor's kill, a signal it names ("The process receives a SIGTERM"), an exit code it names, else unknown."""
+    kind, what = found.get("type") or "", found.get("what") or ""
+    if kind in _RAY_INTENDED:
+        return "exit", 0
+    if kind == "NODE_OUT_OF_MEMORY" or "running low on memory" in what:
+        return "oom", None
+    m = _RAY_SIGNAL.search(what)
+    if m and m.group(1) in _SIGNALS:
+        return "signal", _SIGNALS[m.group(1)]
+    m = _RAY_EXIT_CODE.search(what)
+    if m:
+        code = int(m.group(1))
+        return ("signal", -code) if code < 0 else ("exit", code)
+    return "exit", None
 
 
 def find_statements(message: str) -> Iterator[StatementHit]:
@@ -108,6 +155,16 @@ def find_statements(message: str) -> Iterator[StatementHit]:
             continue
         if st.kind == "exception":
             yield StatementHit(st, "exception", "CudaGraphCaptureError", None, ranks, detail)
+            continue
+        if st.name.startswith("ray_"):
+            name, value = _ray_exit(found)
+            pid = int(found["pid"]) if found.get("pid") else None
+            said = message[m.start():m.start() + 300].split(". ", 1)[0].strip().rstrip(".") + "."
+            for label, key in (("Worker PID", "pid"), ("Worker IP address", "ip"), ("Worker exit type", "type"),
+                               ("Worker exit detail", "what")):
+                if found.get(key):
+                    said += f" {label}: {found[key]}"
+            yield StatementHit(st, "rank_exit", name, value, ranks, said[:300].strip(), pid, found.get("ip"))
             continue
         code = found.get("code")
         if code is not None and code != "None":

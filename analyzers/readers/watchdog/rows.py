@@ -98,16 +98,17 @@ def build(file: str, timeouts: list[Timeout], statuses: list[Status],
             host=c.host, pid=c.pid, rank=rank, kind="enter", name=_op_name(optype),
             category="p2p" if optype in _P2P_TYPES else "collective", group=c.pg, group_desc=c.pg_desc,
             backend="nccl", seq=seq, backend_seq=seq, shape=shape, state=state,
-            error=f"watchdog timeout: WorkNCCL(OpType={optype}) ran for {t.ran_ms or '?'} ms "
-                  f"(timeout {t.f.get('timeout_ms', '?')} ms)",
+            error=(f"watchdog timeout: WorkNCCL(OpType={optype}) ran for {t.ran_ms or '?'} ms "
+                   f"(timeout {t.f.get('timeout_ms', '?')} ms)") if t.error is None else
+                  f"async exception: WorkNCCL(OpType={optype}) raised {t.error}",
             detail=" ".join(parts), source="watchdog", file=file, line=t.line))
         if seq is None:
             skipped.append(Skipped(file, t.line, "timeout without SeqNum (torch < 1.10): cannot align with "
                                                  "other ranks"))
         if c.pg is None and not no_pg_noted:
             no_pg_noted = True
-            skipped.append(Skipped(file, t.line, "process group of the timed-out work is not stated (no PG "
-                                                 "status line with its sequence number): group left null"))
+            skipped.append(Skipped(file, t.line, "process group of the timed-out (or failed) work is not stated (no "
+                                                 "PG status line with its sequence number): group left null"))
         _rank_space(obs, space_seen, c, file, t.line)
     # 3. PG status observations, one per distinct (rank, PG, counters)
     st_seen: set[tuple[Any, ...]] = set()

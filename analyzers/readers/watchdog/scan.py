@@ -21,6 +21,12 @@ _TIMEOUT = re.compile(
     r"[Cc]aught collective operation timeout(?: for work)?:\s*WorkNCCL\((?P<body>(?:[^()]|\([^()]*\))*)\)"
     r"(?: ran for (?P<ran>\d+) (?:milliseconds|ms))?"
 )
+# WorkNCCL::checkAndSetException (torch 2.x): the work of this rank failed with an error NCCL reported for it:
+#   "[Rank 3] Collective WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=8, NumelOut=8, Timeout(ms)=1800000) raised the
+#   following async exception: NCCL error: remote process exited or there was a network error, NCCL version 2.21.5"
+_ASYNC = re.compile(
+    r"Collective WorkNCCL\((?P<body>(?:[^()]|\([^()]*\))*)\) raised the following async exception: ?(?P<what>.{0,300})"
+)
 _FIELDS = {
     "seq": re.compile(r"\bSeqNum=(\d+)"),
     "optype": re.compile(r"\bOpType=(\w+)"),
@@ -59,6 +65,7 @@ class Timeout:
     ctx: Ctx
     f: dict[str, str] = field(default_factory=dict)
     ran_ms: str | None = None
+    error: str | None = None   # the async exception the work raised (not a timeout), as printed
 
 
 @dataclass
@@ -107,6 +114,7 @@ def rank_key(c: Ctx) -> tuple[str, int | None]:
 
 _SNIFF_RE = re.compile(
     rb"[Cc]aught collective operation timeout(?: for work)?:\s*WorkNCCL\(\w+=|[Ll]ast enqueued (?:\w+ )?work: -?\d+,"
+    rb"|Collective WorkNCCL\(\w+=[^\n]{0,600}?\) raised the following async exception"
 )
 
 
@@ -131,6 +139,16 @@ def parse_line(text: str, ln: int, timeouts: list[Timeout], statuses: list[Statu
                 skipped: list[Skipped], file: str) -> None:
     tm = _TIMEOUT.search(text)
     cm = _COUNTERS.search(text)
+    am = _ASYNC.search(text) if tm is None and "async exception" in text else None
+    if am is not None:
+        fields = {k: m.group(1) for k, rx in _FIELDS.items() if (m := rx.search(am.group("body")))}
+        if "optype" not in fields:
+            skipped.append(Skipped(file, ln, "WorkNCCL without OpType: " + text[:160]))
+        else:
+            what = am.group("what").strip()
+            timeouts.append(Timeout(ln, _context(text), fields, None, what or "(exception text not shown)"))
+        if cm is None:
+            return
     if tm is None and cm is None:
         if "WorkNCCL(" in text and "timeout" in text.lower():
             skipped.append(Skipped(file, ln, "watchdog timeout line cut or not understood: " + text[:160]))
