@@ -267,7 +267,7 @@ def test_an_untraceable_python_flag_is_said_by_a_real_run(tmp_path: Path, flag: 
 
 # --- no traceback of ranktrace's own when our streams go away -------------------------------------------------
 
-@pytest.mark.parametrize("shape", [">&-", "| head -1", "| true"])
+@pytest.mark.parametrize("shape", [">&-", "<&-", "| head -1", "| true"])
 def test_our_streams_going_away_never_print_a_ranktrace_traceback(tmp_path: Path, shape: str) -> None:
     """Every traceback on trace run's stderr is the job's own (BrokenPipeError under a reader that left)."""
     job = "import sys\nfor i in range(3000):\n    print(i, flush=True)\n"
