@@ -16,9 +16,9 @@ from typing import Callable
 
 from tests.vllm_real.harness import Run, start
 
-#: held by the serving scenario from arming its fault until the hang is reported: no other scenario starts a vLLM
-#: server meanwhile (two cores here; a second server's start-up is a minute of both cores), so what
-#: test_rank_0_spinning_in_shm_allreduce_waits_for_rank_1 times is the watchdog, not a neighbour's imports
+#: held by a scenario whose live report a test times, from its fault until the hang is reported: no other scenario
+#: starts a vLLM server meanwhile (two cores here; a second server's start-up is a minute of both cores), so what
+#: the tests time (HANG_AFTER + LIVE_SLACK) is the watchdog, not a neighbour's imports
 FAULT_WINDOW = threading.Lock()
 
 HANG_AFTER = 10
@@ -30,6 +30,11 @@ def _fault_line(r: Run, seconds: float = 150) -> None:
     got = r.wait_line("[test-fault] rank", seconds)
     if got is not None:
         r.fault_at = got
+
+
+def _until_reported(r: Run, seconds: float = HANG_AFTER + 40) -> None:
+    """Waits for the first live hang/crash report (or the job's end): called inside FAULT_WINDOW."""
+    r.wait_for(lambda: any(v["status"] in ("hang", "crashed") for _t, v in r.live) or not r.job_alive(), seconds)
 
 
 def serving(base: Path) -> Run:
@@ -50,8 +55,7 @@ def serving(base: Path) -> Run:
                 arm.touch()
                 r.complete_async()
                 _fault_line(r, 60)
-                r.wait_for(lambda: any(v["status"] in ("hang", "crashed") for _t, v in r.live) or not r.job_alive(),
-                           HANG_AFTER + 40)
+                _until_reported(r)
         r.wait_exit(HANG_DEADLINE)
     finally:
         r.reap()
@@ -75,6 +79,8 @@ def _fault(name: str) -> Callable[[Path], Run]:
         r = start(name, base, fault=name)
         try:
             _fault_line(r)
+            with FAULT_WINDOW:  # the fault is in start-up: no neighbour starts while its live report is timed
+                _until_reported(r)
             r.wait_exit(HANG_DEADLINE)
         finally:
             r.reap()
@@ -89,8 +95,10 @@ def _request_fault(name: str) -> Callable[[Path], Run]:
         r = start(name, base, fault=name)
         try:
             if r.wait_ready(240):
-                r.complete_async()
-                _fault_line(r, 60)
+                with FAULT_WINDOW:
+                    r.complete_async()
+                    _fault_line(r, 60)
+                    _until_reported(r)
             r.wait_exit(HANG_DEADLINE)
         finally:
             r.reap()
@@ -121,8 +129,10 @@ def stop_serving(base: Path) -> Run:
     try:
         if r.wait_ready(240):
             r.complete()
-            r.signal_worker(signal.SIGSTOP)
-            r.complete_async()
+            with FAULT_WINDOW:
+                r.signal_worker(signal.SIGSTOP)
+                r.complete_async()
+                _until_reported(r)
         r.wait_exit(HANG_DEADLINE)
     finally:
         r.reap()
@@ -183,7 +193,7 @@ def run_all(base: Path, names: list[str] | None = None, workers: int = 2) -> dic
     names = names or list(SCENARIOS) + (list(EXTRA) if os.environ.get("RANKTRACE_VLLM_ALL") == "1" else [])
 
     def one(name: str) -> tuple[str, Run | BaseException]:
-        with FAULT_WINDOW:  # wait while the serving scenario times its live report
+        with FAULT_WINDOW:  # wait while a scenario times its live report
             pass
         try:
             return name, every[name](base)
