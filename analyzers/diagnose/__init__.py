@@ -286,6 +286,8 @@ def _no_primary(ctx: Model, status: str) -> tuple[str, str, list[str]]:
                 ["Run it again without the option that keeps ranktrace out." if why else
                  "Check that the job's Python reads PYTHONPATH (no -I / -E / -S, no wrapper that clears the "
                  "environment): ranktrace enters through it."])
+    if status == "completed" and ctx.ops.num_rows == 0:
+        return "no_hang", "The job completed, as its inputs say; they record no collective, and none is pending.", []
     if status == "completed":
         return "no_hang", "The job completed: every collective that was issued completed.", []
     if status == "interrupted":

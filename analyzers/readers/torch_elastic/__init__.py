@@ -39,6 +39,10 @@ FIELD_MAP: tuple[ColumnMap, ...] = (
               "1.9"),
     ColumnMap("The node 'N' has failed to send a keep-alive heartbeat to the rendezvous ...",
               "OBSERVATIONS.kind=transport_error name=connection_closed", "-", "-", "1.10"),
+    ColumnMap('{"name": "torchelastic.worker.status.FAILED|TERMINATED|SUCCEEDED", "source": "WORKER", ...} '
+              "(the agent's event records: --event-log-handler console)",
+              "OBSERVATIONS.kind=rank_exit rank=global_rank value=exit_code pid=worker_pid | kind=completion",
+              "int", "-", "1.9"),
     ColumnMap("Rendezvous complete for workers. Result: local_ranks=[..] global_ranks=[..] global_world_sizes=[..]",
               "OBSERVATIONS.rank (local -> global), ReadResult.world_size", "int", "-", "1.9"),
 )

@@ -10,7 +10,8 @@ from ranktrace.analyzers.readers.torch_elastic.scan import Exit, Finished, RankM
 __all__ = ["build"]
 
 _CONSEQUENCE = {"closing": "terminated_by=agent (torchelastic stops the other workers after one failed)",
-                "spawn_term": "terminated_by=spawn (torch.multiprocessing stops the other processes)"}
+                "spawn_term": "terminated_by=spawn (torch.multiprocessing stops the other processes)",
+                "event_term": "terminated_by=agent (torchelastic's TERMINATED record: stopped after another failed)"}
 
 
 def build(records: list[object], file: str, source: str, rdzv_timeout_s: int | None) -> list[dict[str, Any]]:

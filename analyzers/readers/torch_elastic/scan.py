@@ -24,7 +24,7 @@ class Exit:
     line: int
     who: Speaker
     how: str                       # failed | table | closing | spawn | spawn_error | spawn_term | lightning | deepspeed |
-    #                                absl
+    #                                absl | rocr | event | event_term
     rank: int | None = None        # global rank when the launcher states it
     local_rank: int | None = None
     pid: int | None = None
@@ -121,6 +121,10 @@ class _Scanner:
         if m:
             self.out.rdzv_timeout_s = int(m.group("t"))
             return
+        m = P["event"].search(body)
+        if m:
+            self.event(no, who, body, m.group("state"))
+            return
         m = P["rdzv_result"].search(body)
         if m:
             self.flush_rdzv()
@@ -172,6 +176,27 @@ class _Scanner:
             loc = P["ds_local"].search(m.group("cmd"))
             self.add(Exit(no, who, "deepspeed", local_rank=int(loc.group("local")) if loc else None,
                           exitcode=int(m.group("code")), text=body[m.start():]))
+
+    # --- torchelastic's event records ---------------------------------------------------------------------------------
+    def event(self, no: int, who: Speaker, body: str, state: str) -> None:
+        """One worker's end as the agent recorded it (``_record_worker_events``: the run's state per worker; FAILED
+        with its exit code and pid, TERMINATED when the agent stopped it after another failed). The agent's own
+        records (source AGENT: START, durations, its own FAILED traceback) say nothing about a worker and are left."""
+        src = P["event_source"].search(body)
+        if src is None or src.group("source") != "WORKER":
+            return
+        rank_m, host_m = P["event_rank"].search(body), P["event_host"].search(body)
+        rank = int(rank_m.group("rank")) if rank_m else None
+        host = host_m.group("host") if host_m else None
+        if state == "SUCCEEDED":
+            self.add(Finished(no, Speaker(host=host), f"torchelastic.worker.status.SUCCEEDED (global_rank {rank})"))
+        elif state in ("FAILED", "TERMINATED"):
+            code_m, pid_m = P["event_code"].search(body), P["event_pid"].search(body)
+            self.add(Exit(no, who, "event_term" if state == "TERMINATED" else "event",
+                          rank=rank if rank is not None and rank >= 0 else None,
+                          pid=int(pid_m.group("pid")) if pid_m else None,
+                          exitcode=int(code_m.group("code")) if code_m else None, host=host,
+                          text=f"torchelastic.worker.status.{state}"))
 
     # --- ChildFailedError's table ---------------------------------------------------------------------------------
     def table(self, ln: Line, text: str) -> bool:

@@ -33,6 +33,7 @@ _KEYS = (
     r"\*\*\* SIG[A-Z]{2,8} received at time=",
     r"Received (?:\d{1,2}|Signals\.SIG[A-Z]{2,8}|SIG[A-Z]{2,8}) death signal",
     r"(?:HW Exception|Memory access fault) by GPU node-\d{1,6} \(Agent handle",
+    r"torchelastic\.worker\.status\.[A-Z]{3,12}\"",
 )
 # ... and a python logger's name ("torch.distributed.elastic.multiprocessing.api:") may sit right before it
 SIGNATURE = rf"{_LEAD}\s{{0,40}}\"?(?:[\w.]{{1,120}}:)?(?:{'|'.join(_KEYS)})"
@@ -108,5 +109,16 @@ P: dict[str, re.Pattern[str]] = {
     # on address 0x7ef9eb704000. Reason: Unknown." — node-N is an HSA agent, not a rank
     "rocr": _c(r"(?:HW Exception|Memory access fault) by GPU node-(?P<node>\d{1,6}) \(Agent handle: 0x[0-9a-fA-F]{1,16}\)"
                r"(?P<rest>.{0,200})"),
+    # torchelastic's event records (elastic/events/api.py Event.serialize, one JSON object per line, written by the
+    # agent's event log handler when a run ends: elastic/agent/server/api.py _record_worker_events): {"name":
+    # "torchelastic.worker.status.SUCCEEDED", "source": "WORKER", "timestamp": 0, "metadata": {"global_rank": 23,
+    # "hostname": "h", "state": "SUCCEEDED", "raw_error": null, "metadata": "{\"exit_code\": [1], \"worker_pid\":
+    # [34627], ...}"}} — a cut record still names its state, source and often its rank
+    "event": _c(r'"name": ?"torchelastic\.worker\.status\.(?P<state>[A-Z]{3,12})"'),
+    "event_source": _c(r'"source": ?"(?P<source>WORKER|AGENT)"'),
+    "event_rank": _c(r'"global_rank": ?(?P<rank>-?\d{1,9})\b'),
+    "event_host": _c(r'"hostname": ?"(?P<host>[^"\\]{1,200})"'),
+    "event_code": _c(r'\\?"exit_code\\?": ?\[?(?P<code>-?\d{1,4})'),
+    "event_pid": _c(r'\\?"worker_pid\\?": ?\[?(?P<pid>\d{1,9})'),
     "absl": _c(r"\*\*\* (?P<sig>SIG[A-Z]{2,8}) received at time=(?P<t>\d{1,12})(?: on cpu \d{1,5})? \*\*\*"),
 }
